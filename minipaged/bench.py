@@ -1,7 +1,7 @@
 """`python -m minipaged.bench {decode,memory,kernel,throughput,sharing} [--json]`.
 
-Each benchmark is a function `bench_<name>(args) -> dict` registered in COMMANDS with the
-arguments it takes; the result prints as text, or as JSON with --json.
+Each benchmark is a function `bench_<name>(args) -> dict` registered with @command; it prints
+a human summary itself (unless args.json) and returns the dict that --json prints.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import sys
 COMMANDS = {}  # name -> (function, add_arguments, help)
 
 
-def command(name, help):
-    """Register a benchmark: @command("decode", help=...) over bench_decode(args)."""
+def command(name, help, add_arguments=lambda parser: None):
+    """Register a benchmark: @command("decode", help=..., add_arguments=...) over bench_decode."""
     def register(fn):
-        COMMANDS[name] = (fn, getattr(fn, "add_arguments", lambda p: None), help)
+        COMMANDS[name] = (fn, add_arguments, help)
         return fn
     return register
 
