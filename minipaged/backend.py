@@ -46,6 +46,14 @@ def get_xp(device: str | None = None):
     return np
 
 
+def array_module(a):
+    """numpy or cupy: the module that owns array `a` (so helpers work on either)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
 def to_numpy(a) -> np.ndarray:
     """A NumPy copy of an array from either backend (a no-op view for NumPy input)."""
     if isinstance(a, np.ndarray):
