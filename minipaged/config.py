@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # architecture name in config.json -> whether q/k/v projections always carry a bias
+# (Llama has them, and one on o_proj, only when config.json sets attention_bias)
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": True}
 
 
@@ -30,6 +31,7 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool
     rope_scaling: dict | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
@@ -55,6 +57,8 @@ class ModelConfig:
                                "num_hidden_layers", "num_attention_heads") if k not in cfg]
         if missing:
             raise ValueError(f"config.json lacks {', '.join(missing)}")
+        if cfg.get("mlp_bias"):
+            raise ValueError("config.json sets mlp_bias, which minipaged does not support")
         num_heads = cfg["num_attention_heads"]
         num_kv_heads = cfg.get("num_key_value_heads") or num_heads
         if num_heads % num_kv_heads:
@@ -77,6 +81,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             qkv_bias=SUPPORTED_ARCHITECTURES[arch] or cfg.get("attention_bias", False),
+            o_bias=arch == "LlamaForCausalLM" and cfg.get("attention_bias", False),
             rope_scaling=rope_scaling,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_as_list(cfg.get("eos_token_id")),

@@ -34,6 +34,7 @@ class Layer:
     wqkv: object         # (hidden, q_size + 2 * kv_size): q, k, v projections side by side
     bqkv: object | None  # (q_size + 2 * kv_size,) for Qwen2, else None
     wo: object           # (q_size, hidden)
+    bo: object | None    # (hidden,) for Llama with attention_bias, else None
     post_norm: object    # (hidden,)
     w_gate_up: object    # (hidden, 2 * intermediate): gate and up projections side by side
     w_down: object       # (intermediate, hidden)
@@ -68,6 +69,7 @@ class Model:
                 wqkv=in_out(*(n + ".weight" for n in qkv)),
                 bqkv=put(np.concatenate([get(n + ".bias") for n in qkv])) if config.qkv_bias else None,
                 wo=in_out(p + "self_attn.o_proj.weight"),
+                bo=put(get(p + "self_attn.o_proj.bias")) if config.o_bias else None,
                 post_norm=put(get(p + "post_attention_layernorm.weight")),
                 w_gate_up=in_out(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 w_down=in_out(p + "mlp.down_proj.weight"),
@@ -100,7 +102,8 @@ class Model:
             v = qkv[:, c.q_size + c.kv_size:].reshape(T, c.num_kv_heads, c.head_dim)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             o = attention(i, q, k, v)                               # (T, heads, head_dim)
-            h += (o.reshape(T, c.q_size) @ layer.wo).astype(xp.float32)
+            o = o.reshape(T, c.q_size) @ layer.wo                  # (T, hidden)
+            h += (o if layer.bo is None else o + layer.bo).astype(xp.float32)
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps, self.dtype)
             gate_up = x @ layer.w_gate_up                           # (T, 2 intermediate)
             gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]

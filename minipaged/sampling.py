@@ -1,0 +1,96 @@
+"""How the next token is chosen: `SamplingParams` (vLLM's names) and the sampler.
+
+The last stop of each step: logits of the rows that need a token become token ids. Greedy when
+temperature is 0; otherwise temperature, then top-k, then top-p, then a draw from each
+sequence's own random generator, so a seeded request gets the same tokens whatever else is in
+the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    n: int = 1                      # parallel samples of the same prompt
+    temperature: float = 1.0        # 0 = greedy
+    top_k: int = -1                 # -1 = all tokens
+    top_p: float = 1.0              # nucleus: smallest set of tokens with this much probability
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)          # stop strings (not in the output)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (self.n >= 1, f"n must be at least 1, got {self.n}"),
+            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
+            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (all(s for s in self.stop), "stop strings must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams, sample_index: int = 0) -> np.random.Generator:
+    """One random stream per sequence: seeded requests are reproducible in any batch."""
+    if params.seed is None:
+        return np.random.default_rng()
+    return np.random.default_rng([params.seed, sample_index])
+
+
+def sample(logits: np.ndarray, params: list[SamplingParams],
+           generators: list[np.random.Generator]) -> list[int]:
+    """One token id per row of logits (rows, vocab), float32 on the host."""
+    tokens = logits.argmax(axis=-1).tolist()  # greedy for all rows; sampled rows overwrite
+    for row, (p, gen) in enumerate(zip(params, generators)):
+        if not p.greedy:
+            tokens[row] = sample_row(logits[row], p, gen)
+    return tokens
+
+
+def sample_row(logits: np.ndarray, p: SamplingParams, gen: np.random.Generator) -> int:
+    """Temperature -> top-k -> top-p -> draw, for one row of logits (vocab,)."""
+    scaled = logits / np.float32(p.temperature)
+    probs = np.exp(scaled - scaled.max())                  # (vocab,), not yet normalised
+    k = p.top_k if p.top_k > 0 else len(probs)
+    if k == len(probs) and p.top_p == 1.0:
+        return draw(probs, gen)
+    order = most_likely(probs, min(k, HEAD))               # token ids, most likely first
+    if len(order) < k and probs[order].sum() < p.top_p * probs.sum():
+        order = most_likely(probs, k)                      # a flat distribution: sort them all
+    kept = probs[order] / probs[order].sum()
+    if p.top_p < 1.0:
+        n = int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1  # smallest prefix reaching top_p
+        order, kept = order[:n], kept[:n]
+    return int(order[draw(kept, gen)])
+
+
+def draw(weights: np.ndarray, gen: np.random.Generator) -> int:
+    """An index drawn with probability proportional to `weights` (inverse of the CDF)."""
+    cdf = np.cumsum(weights, dtype=np.float64)
+    return min(int(np.searchsorted(cdf, gen.random() * cdf[-1], side="right")), len(cdf) - 1)
+
+
+HEAD = 1024  # top-p usually keeps a few dozen tokens: sort a head this long, not the vocabulary
+
+
+def most_likely(probs: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries, largest first (a partial sort: a full one costs ms)."""
+    if k >= len(probs):
+        return np.argsort(-probs, kind="stable")
+    head = np.argpartition(-probs, k - 1)[:k]
+    return head[np.argsort(-probs[head], kind="stable")]

