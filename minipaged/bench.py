@@ -21,6 +21,99 @@ def command(name, help, add_arguments=lambda parser: None):
     return register
 
 
+def _decode_arguments(parser):
+    parser.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
+    parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per sequence")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per sequence")
+    parser.add_argument("--model", default=None, help="hub id or folder (default SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if usable")
+
+
+@command("decode", help="decode speed: tokens/s of `batch` greedy streams after one prefill",
+         add_arguments=_decode_arguments)
+def bench_decode(args) -> dict:
+    import time
+
+    import numpy as np
+
+    from minipaged.engine import LLM
+    from minipaged.sampling import SamplingParams
+
+    llm = LLM(args.model, device=args.device)
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_token_ids": rng.integers(100, 10_000, args.prompt_len).tolist()}
+               for _ in range(args.batch)]
+    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    steps = iter(llm._run(llm._make_requests(prompts, params)))
+    start = time.perf_counter()
+    next(steps)                                   # prefill: all prompts, first token each
+    prefilled = time.perf_counter()
+    decode_steps = sum(1 for _ in steps)          # one token per stream per step
+    end = time.perf_counter()
+    result = {"batch": args.batch, "prompt_len": args.prompt_len, "decode_steps": decode_steps,
+              "tokens_per_s": args.batch * decode_steps / (end - prefilled),
+              "step_ms": 1000 * (end - prefilled) / decode_steps,
+              "prefill_s": prefilled - start, "device": llm.device, "dtype": str(llm.dtype),
+              "model": llm.model_name}
+    if not args.json:
+        print(f"{result['model']} on {result['device']} ({result['dtype']}): batch {args.batch}, "
+              f"prompt {args.prompt_len} tokens, prefill {result['prefill_s']:.2f} s; "
+              f"decode {result['tokens_per_s']:.1f} tok/s ({result['step_ms']:.1f} ms/step)")
+    return result
+
+
+def _memory_arguments(parser):
+    parser.add_argument("--requests", type=int, default=1000, help="how many requests (default 1000)")
+    parser.add_argument("--block-size", type=int, default=16, help="paged block size (default 16)")
+    parser.add_argument("--max-model-len", type=int, default=2048,
+                        help="slots the static baseline reserves per request (default 2048)")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests running at once (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+
+
+@command("memory", help="KV-cache utilization: paging vs reserving max_model_len slots per request",
+         add_arguments=_memory_arguments)
+def bench_memory(args) -> dict:
+    """The same requests through both allocators, in one pool of max_num_seqs × max_model_len
+    slots, so memory never limits admission: the figures compare how memory is used."""
+    from minipaged.paging import BlockManager, StaticAllocator
+    from minipaged.paging.workload import make_workload, simulate_memory
+    requests = make_workload(args.requests, seed=args.seed)
+    num_slots = args.max_num_seqs * args.max_model_len
+    paged = BlockManager(num_slots // args.block_size, args.block_size, enable_prefix_caching=False)
+    static = StaticAllocator(num_slots, args.max_model_len)
+    result = {"paged": simulate_memory(paged, requests, args.max_num_seqs),
+              "static": simulate_memory(static, requests, args.max_num_seqs),
+              "utilization_is": "time-averaged over steps: summed token slots / summed allocated slots",
+              "workload": {"requests": len(requests), "max_num_seqs": args.max_num_seqs,
+                           "block_size": args.block_size, "max_model_len": args.max_model_len,
+                           "mean_prompt_len": sum(r.prompt_len for r in requests) / len(requests),
+                           "mean_output_len": sum(r.output_len for r in requests) / len(requests)}}
+    if not args.json:
+        print(_memory_table(result))
+    return result
+
+
+def _memory_table(result: dict) -> str:
+    w, paged, static = result["workload"], result["paged"], result["static"]
+    rows = [("utilization", lambda r: f"{r['utilization']:.1%}"),
+            ("slots per running request", lambda r: f"{r['slots_per_request']:,.0f}"),
+            ("mean allocated slots", lambda r: f"{r['mean']['allocated_slots']:,.0f}"),
+            ("mean token slots", lambda r: f"{r['mean']['token_slots']:,.0f}"),
+            ("mean internal waste", lambda r: f"{r['mean']['internal_waste']:,.0f}"),
+            ("mean reserved-but-unused", lambda r: f"{r['mean']['reserved_unused']:,.0f}"),
+            ("peak allocated slots", lambda r: f"{r['peak_allocated_slots']:,}")]
+    lines = [f"memory: {w['requests']:,} requests (mean prompt {w['mean_prompt_len']:.0f}, mean output "
+             f"{w['mean_output_len']:.0f} tokens), {w['max_num_seqs']} running at once",
+             f"utilization = slots holding real tokens / allocated slots, time-averaged over {paged['steps']:,} steps",
+             "",
+             f"{'':28}{'paged (block ' + str(w['block_size']) + ')':>18}{'static (' + str(w['max_model_len']) + ' each)':>20}"]
+    lines += [f"{label:28}{cell(paged):>18}{cell(static):>20}" for label, cell in rows]
+    lines.append("(the vLLM paper measured 20.4%-38.2% for systems that reserve per request)")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipaged.bench", description=__doc__)
     sub = parser.add_subparsers(dest="name", required=True)

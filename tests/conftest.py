@@ -21,9 +21,13 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """The real default model on the CPU (offline GGUF conversion on first use)."""
+    """SmolLM2-135M-Instruct from the bundled GGUF (converted on first use), on the CPU.
+
+    Always the GGUF, even where the hub is reachable: the stored transformers outputs were
+    computed from that file, and its Q4_1 weights differ from the hub's bf16 ones."""
     from minipaged.engine import LLM
-    return LLM(device="cpu")
+    from minipaged.offline_model import offline_default_model
+    return LLM(str(offline_default_model()), device="cpu")
 
 
 @pytest.fixture

@@ -167,3 +167,19 @@ def test_bad_gqa_and_rope_configs():
 def test_not_a_folder_nor_hub_id():
     with pytest.raises(FileNotFoundError, match="neither a folder nor a hub id"):
         resolve_model("./no/such/folder")
+
+
+def test_hub_id_resolves_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
+    """A hub id is looked up in the Hugging Face cache layout before any download."""
+    import shutil
+
+    import huggingface_hub.constants
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny(), snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network
+    assert resolve_model("acme/tiny-llama") == snapshot
+    with pytest.raises(RuntimeError, match="could not get 'acme/not-here' from the Hugging Face hub"):
+        resolve_model("acme/not-here")

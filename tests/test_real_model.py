@@ -44,8 +44,9 @@ def test_converted_folder_looks_like_the_hub_model(smollm2):
     assert smollm2.tokenizer.encode("<|im_start|>") == [1]      # control tokens stay whole
 
 
-def test_chat_reads_a_pipe_and_answers():
-    result = subprocess.run([sys.executable, "-m", "minipaged.chat", "--device", "cpu"],
+def test_chat_reads_a_pipe_and_answers(smollm2):
+    command = [sys.executable, "-m", "minipaged.chat", "--device", "cpu", "--model", str(smollm2.folder)]
+    result = subprocess.run(command,
                             input="What is the capital of France?\n", capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,17 @@
+"""Paged KV-cache memory, managed like virtual memory: frames, page tables, fork, copy-on-write,
+a prefix (page) cache and swap. The scheduler talks to BlockManager; the model gets the flat
+arrays of BlockManager.step_arrays and the KVCache arrays, never these objects.
+"""
+
+from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError
+from minipaged.paging.block_table import BlockTable, CowPair
+from minipaged.paging.kv_cache import KVCache, bytes_per_frame, num_blocks_for_memory
+from minipaged.paging.manager import BlockManager, MemoryUsage, StepArrays
+from minipaged.paging.prefix_cache import PrefixCache, block_hash
+from minipaged.paging.static import StaticAllocator
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "BlockTable", "CowPair",
+    "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryUsage",
+    "StepArrays", "PrefixCache", "block_hash", "StaticAllocator",
+]

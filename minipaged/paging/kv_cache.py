@@ -1,0 +1,111 @@
+"""KV storage: per layer, K and V arrays [num_blocks, block_size, num_kv_heads, head_dim].
+
+One allocation holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a
+host (NumPy) pool of the same shape for swapped-out frames. The block manager decides where
+tokens go; this module only moves K and V: new tokens into slots, copy-on-write pairs, swaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minipaged.backend import default_dtype, get_xp, resolve_device, to_numpy
+from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, check_size
+
+
+def bytes_per_frame(num_layers: int, num_kv_heads: int, head_dim: int,
+                    block_size: int = DEFAULT_BLOCK_SIZE, dtype="float16") -> int:
+    """2 (K and V) × num_layers × block_size × num_kv_heads × head_dim × itemsize."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize
+
+
+def num_blocks_for_memory(kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                          block_size: int = DEFAULT_BLOCK_SIZE, dtype="float16") -> int:
+    """How many frames fit in `kv_cache_memory` bytes:
+
+        bytes per frame = 2 (K and V) × num_layers × block_size × num_kv_heads × head_dim × itemsize
+        num_blocks      = kv_cache_memory // bytes per frame
+
+    SmolLM2-135M in fp16 (30 layers, 3 KV heads, head_dim 64), block_size 16:
+    2 × 30 × 16 × 3 × 64 × 2 = 368,640 bytes a frame (23,040 a token); 1 GiB holds 2,912
+    frames, 46,592 tokens.
+    """
+    kv_cache_memory = check_size("kv_cache_memory", kv_cache_memory, minimum=0)
+    frame = bytes_per_frame(check_size("num_layers", num_layers), check_size("num_kv_heads", num_kv_heads),
+                            check_size("head_dim", head_dim), check_size("block_size", block_size), dtype)
+    if kv_cache_memory < frame:
+        raise ValueError(f"kv_cache_memory of {kv_cache_memory:,} bytes holds no frame: one frame "
+                         f"needs {frame:,} bytes; give more memory or a smaller block_size")
+    return kv_cache_memory // frame
+
+
+class KVCache:
+    """K and V of every frame, every layer: k[layer] and v[layer] are [num_blocks, block_size,
+    num_kv_heads, head_dim] views; frame f, offset o is slot f * block_size + o."""
+
+    def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
+                 block_size: int = DEFAULT_BLOCK_SIZE, num_host_blocks: int = 0,
+                 dtype=None, device: str | None = None):
+        self.device = resolve_device(device)
+        self.xp = get_xp(self.device)
+        self.dtype = np.dtype(dtype or default_dtype(self.device))
+        layers = check_size("num_layers", num_layers)
+        num_blocks = check_size("num_blocks", num_blocks, minimum=0)
+        num_host_blocks = check_size("num_host_blocks", num_host_blocks, minimum=0)
+        frame = (check_size("block_size", block_size), check_size("num_kv_heads", num_kv_heads),
+                 check_size("head_dim", head_dim))
+        # (K/V, layers, num_blocks, block_size, kv_heads, head_dim) on the device, the same in host memory
+        self.data = self.xp.zeros((2, layers, num_blocks, *frame), dtype=self.dtype)
+        self.host = np.zeros((2, layers, num_host_blocks, *frame), dtype=self.dtype)
+
+    @classmethod
+    def for_memory(cls, kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                   block_size: int = DEFAULT_BLOCK_SIZE, dtype=None, device: str | None = None,
+                   num_host_blocks: int = 0) -> KVCache:
+        """As many frames as `kv_cache_memory` bytes hold (see num_blocks_for_memory)."""
+        dtype = np.dtype(dtype or default_dtype(resolve_device(device)))
+        num_blocks = num_blocks_for_memory(kv_cache_memory, num_layers, num_kv_heads, head_dim,
+                                           block_size, dtype)
+        return cls(num_layers, num_blocks, num_kv_heads, head_dim, block_size, num_host_blocks, dtype, device)
+
+    @property
+    def k(self):
+        return self.data[0]  # (layers, num_blocks, block_size, kv_heads, head_dim)
+
+    @property
+    def v(self):
+        return self.data[1]  # (layers, num_blocks, block_size, kv_heads, head_dim)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def block_size(self) -> int:
+        return self.data.shape[3]
+
+    def write(self, layer: int, slot_mapping, k, v) -> None:
+        """Store new tokens' K and V, each (num_tokens, kv_heads, head_dim), at their slots."""
+        _, _, num_blocks, block_size, heads, dim = self.data.shape
+        slot_mapping = self.xp.asarray(slot_mapping)  # (num_tokens,)
+        self.k[layer].reshape(num_blocks * block_size, heads, dim)[slot_mapping] = k
+        self.v[layer].reshape(num_blocks * block_size, heads, dim)[slot_mapping] = v
+
+    def copy_blocks(self, pairs) -> None:
+        """Apply copy-on-write (src, dst) frame pairs in every layer, K and V. All sources are
+        read before any destination is written, so one step's pairs go in one call."""
+        if pairs:
+            src, dst = map(list, zip(*pairs))
+            self.data[:, :, dst] = self.data[:, :, src]
+
+    def swap_out(self, pairs) -> None:
+        """Copy (device_frame, host_frame) pairs to the host pool (BlockManager.swap_out)."""
+        if pairs:
+            device_frames, host_frames = map(list, zip(*pairs))
+            self.host[:, :, host_frames] = to_numpy(self.data[:, :, device_frames])
+
+    def swap_in(self, pairs) -> None:
+        """Copy (host_frame, device_frame) pairs back to the device (BlockManager.swap_in)."""
+        if pairs:
+            host_frames, device_frames = map(list, zip(*pairs))
+            self.data[:, :, device_frames] = self.xp.asarray(self.host[:, :, host_frames])

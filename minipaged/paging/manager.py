@@ -1,0 +1,223 @@
+"""The block manager: what the scheduler talks to (vLLM v0's BlockSpaceManager, kept small).
+
+One BlockTable per sequence, over a device pool of frames (the KV cache) and a host pool (swap
+space). Each call is all-or-nothing: when frames run out it raises NoFreeFramesError and changes
+nothing, so the scheduler can preempt and retry. Calls return what the KV cache must do
+(copy-on-write and swap pairs) and the flat arrays a forward step needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, check_size
+from minipaged.paging.block_table import BlockTable, CowPair
+from minipaged.paging.prefix_cache import block_hash
+
+SeqId = Hashable
+
+
+@dataclass(slots=True)
+class StepArrays:
+    """The paging inputs of one forward step, for the model and the attention kernel."""
+    block_tables: np.ndarray  # (num_seqs, max_blocks) int32, padded with -1
+    slot_mapping: np.ndarray  # (num_new_tokens,) int32: where each new token's K and V go
+    context_lens: np.ndarray  # (num_seqs,) int32: tokens each sequence attends to
+
+
+@dataclass(slots=True)
+class MemoryUsage:
+    """Where the KV slots are. allocated = token + internal_waste + reserved_unused."""
+    total_slots: int      # the whole pool
+    allocated_slots: int  # slots in frames some sequence maps (shared frames count once)
+    token_slots: int      # of those, slots holding a real token's K and V
+    internal_waste: int   # the unfilled tails of sequences' last blocks
+    reserved_unused: int  # reserved up front for tokens that are not there (static baseline)
+    shared_frames: int    # frames mapped by more than one sequence (ref count > 1)
+
+    @property
+    def utilization(self) -> float:
+        """Real token slots / allocated slots (0 when nothing is allocated)."""
+        return self.token_slots / self.allocated_slots if self.allocated_slots else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"utilization": self.utilization}
+
+
+class BlockManager:
+    """Page tables for all sequences. Frames are ints; a token's slot is frame * block_size + offset."""
+
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_host_blocks: int = 0, enable_prefix_caching: bool = True):
+        self.device = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+        self.host = BlockAllocator(num_host_blocks, block_size)
+        self.block_size = self.device.block_size
+        self.tables: dict[SeqId, BlockTable] = {}
+
+    @property
+    def num_free_frames(self) -> int:
+        """Device frames a new token or sequence could take (evictable cached frames included)."""
+        return self.device.num_free
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Would a prompt of `num_tokens` fit now, even with no prefix-cache hit?"""
+        check_size("num_tokens", num_tokens, minimum=0)
+        return -(-num_tokens // self.block_size) <= self.num_free_frames
+
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int]) -> int:
+        """Map a new sequence's prompt, reusing the frames of its longest cached prefix.
+        Returns how many leading tokens are cache hits (whole blocks, and always fewer than
+        len(token_ids): the model must compute the last token to get its logits). Compute
+        the K and V of the rest: step_arrays(..., [len(token_ids) - hits]) gives their slots."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id!r} already exists: free() it first or use a new id")
+        token_ids = list(token_ids)
+        if not token_ids:
+            raise ValueError(f"sequence {seq_id!r} has no tokens: a prompt needs at least one")
+        hits = self._cached_prefix(token_ids)
+        revived = sum(self.device.ref_counts[frame] == 0 for frame in hits)  # leave the free count
+        needed = -(-len(token_ids) // self.block_size) - len(hits)
+        if needed + revived > self.num_free_frames:
+            raise NoFreeFramesError(f"sequence {seq_id!r} needs {needed} new frames "
+                                    f"but {self.num_free_frames - revived} are free")
+        table = BlockTable(self.device)
+        for i, frame in enumerate(hits):  # hits first, so allocating cannot evict them
+            table.append_cached_block(frame, token_ids[i * self.block_size:(i + 1) * self.block_size])
+        for token_id in token_ids[len(hits) * self.block_size:]:
+            table.append_slot(token_id)
+        self.tables[seq_id] = table
+        return len(hits) * self.block_size
+
+    def can_append_slots(self, *seq_ids: SeqId) -> bool:
+        """Would one more token for each of these sequences fit now? (Conservative: siblings
+        sharing a last frame each count a copy, though the last writer needs none.)"""
+        return sum(self._device_table(s).frames_needed(1) for s in seq_ids) <= self.num_free_frames
+
+    def append_slot(self, seq_id: SeqId, token_id: int) -> tuple[int, CowPair | None]:
+        """Place one new token: returns its slot, and the (src, dst) copy-on-write pair when its
+        block was shared; apply the pair (KVCache.copy_blocks) before writing the token's K and V."""
+        return self._device_table(seq_id).append_slot(token_id)
+
+    def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
+        """A child sequence sharing all of the parent's frames (parallel sampling, beams)."""
+        if child_id in self.tables:
+            raise ValueError(f"cannot fork into {child_id!r}: that sequence already exists")
+        self.tables[child_id] = self._table(parent_id).fork()
+
+    def free(self, seq_id: SeqId) -> None:
+        """The sequence finished or is preempted by recompute: release its frames."""
+        self._table(seq_id).free()
+        del self.tables[seq_id]
+
+    def swap_out(self, *seq_ids: SeqId) -> list[tuple[int, int]]:
+        """Move these sequences to the host pool (preemption by swap). Returns (device_frame,
+        host_frame) pairs for KVCache.swap_out, to apply before the next forward step. Pass all
+        sequences of a group at once: a frame they share then moves once and stays shared."""
+        return self._move(seq_ids, self.device, self.host)
+
+    def can_swap_in(self, *seq_ids: SeqId) -> bool:
+        return len(self._distinct_frames(seq_ids)) <= self.num_free_frames
+
+    def swap_in(self, *seq_ids: SeqId) -> list[tuple[int, int]]:
+        """Bring swapped-out sequences back: returns (host_frame, device_frame) pairs for KVCache.swap_in."""
+        return self._move(seq_ids, self.host, self.device)
+
+    def is_swapped(self, seq_id: SeqId) -> bool:
+        return self._table(seq_id).allocator is self.host
+
+    def block_table(self, seq_id: SeqId) -> list[int]:
+        """The frames of a sequence on the device, in logical order."""
+        return list(self._device_table(seq_id).frames)
+
+    def step_arrays(self, seq_ids: Sequence[SeqId], num_new_tokens: Sequence[int]) -> StepArrays:
+        """Flat inputs for one forward step over `seq_ids`: padded block tables, context lengths,
+        and the slots of each sequence's last num_new_tokens[i] tokens (the uncached prompt
+        tokens at prefill, 1 at decode), in order."""
+        tables = [self._device_table(s) for s in seq_ids]
+        max_blocks = max((len(t.frames) for t in tables), default=0)
+        block_tables = np.full((len(tables), max_blocks), -1, dtype=np.int32)  # (num_seqs, max_blocks)
+        slots = []
+        for i, (table, n) in enumerate(zip(tables, num_new_tokens, strict=True)):
+            if not 0 <= n <= table.num_tokens:
+                raise ValueError(f"sequence {seq_ids[i]!r} holds {table.num_tokens} tokens; "
+                                 f"cannot compute its last {n}")
+            block_tables[i, :len(table.frames)] = table.frames
+            slots += [table.slot(p) for p in range(table.num_tokens - n, table.num_tokens)]
+        context_lens = np.array([t.num_tokens for t in tables], dtype=np.int32)  # (num_seqs,)
+        return StepArrays(block_tables, np.array(slots, dtype=np.int32), context_lens)
+
+    def frame_owners(self) -> dict[int, list[SeqId]]:
+        """Device frame -> the sequences that map it (for pictures and checks)."""
+        owners: dict[int, list[SeqId]] = {}
+        for seq_id, table in self.tables.items():
+            if table.allocator is self.device:
+                for frame in table.frames:
+                    owners.setdefault(frame, []).append(seq_id)
+        return owners
+
+    def usage(self) -> MemoryUsage:
+        """Accounting of the device pool. Every block but a sequence's last is full, so the
+        waste is the tails of last blocks (a shared last frame counted once)."""
+        tails = {t.frames[-1]: len(t.frames) * self.block_size - t.num_tokens
+                 for t in self.tables.values() if t.allocator is self.device and t.frames}
+        allocated = (self.device.num_blocks - self.device.num_free) * self.block_size
+        waste = sum(tails.values())
+        return MemoryUsage(total_slots=self.device.num_blocks * self.block_size,
+                           allocated_slots=allocated, token_slots=allocated - waste,
+                           internal_waste=waste, reserved_unused=0,
+                           shared_frames=int(np.count_nonzero(self.device.ref_counts > 1)))
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Frames of the longest run of cached full blocks that starts the prompt, within its
+        first len - 1 tokens (the last token is always computed)."""
+        cache, frames, prev = self.device.prefix_cache, [], None
+        if cache is None:
+            return frames
+        for start in range(0, len(token_ids) - self.block_size, self.block_size):
+            block = token_ids[start:start + self.block_size]
+            frame = cache.lookup(prev, block)
+            if frame is None:
+                break
+            frames.append(frame)
+            prev = block_hash(prev, block)
+        return frames
+
+    def _move(self, seq_ids, src: BlockAllocator, dst: BlockAllocator) -> list[tuple[int, int]]:
+        """Copy-by-bookkeeping of whole tables from one pool to the other; returns (src, dst) frames."""
+        tables = [self._table(s) for s in dict.fromkeys(seq_ids)]
+        where = "device" if src is self.device else "host"
+        if any(t.allocator is not src for t in tables):
+            raise ValueError(f"sequences {list(seq_ids)} are not all in the {where} pool: "
+                             "swap_out() takes sequences on the device, swap_in() swapped-out ones")
+        needed = len(self._distinct_frames(seq_ids))
+        if needed > dst.num_free:
+            raise NoFreeFramesError(f"swapping {list(seq_ids)} needs {needed} frames; "
+                                    f"the other pool has {dst.num_free} free")
+        moved: dict[int, int] = {}
+        for table in tables:
+            for i, frame in enumerate(table.frames):
+                if frame in moved:
+                    dst.incref(moved[frame])
+                else:
+                    moved[frame] = dst.allocate()
+                src.free(frame)
+                table.frames[i] = moved[frame]
+            table.allocator = dst
+        return list(moved.items())
+
+    def _distinct_frames(self, seq_ids) -> set[int]:
+        return {frame for s in seq_ids for frame in self._table(s).frames}
+
+    def _table(self, seq_id: SeqId) -> BlockTable:
+        if seq_id not in self.tables:
+            raise ValueError(f"unknown sequence {seq_id!r}: it was never allocated, or it was freed")
+        return self.tables[seq_id]
+
+    def _device_table(self, seq_id: SeqId) -> BlockTable:
+        table = self._table(seq_id)
+        if table.allocator is not self.device:
+            raise ValueError(f"sequence {seq_id!r} is swapped out to host memory: swap_in() it first")
+        return table

@@ -1,0 +1,60 @@
+"""The prefix cache (an OS page cache for KV blocks): full blocks are found again by content.
+
+A full block is named by a hash chained over (previous block's hash, this block's token ids),
+so equal hashes mean equal prefixes up to that block, and equal prefixes mean equal K and V.
+A new request maps the frames of its longest cached prefix instead of computing them again.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+def block_hash(prev_hash: int | None, token_ids) -> int:
+    """The name of a full block: its tokens chained to everything before it."""
+    return hash((prev_hash, tuple(token_ids)))
+
+
+class PrefixCache:
+    """block hash -> frame, for full blocks only. Frames nobody maps any more (ref count 0)
+    wait in `evictable`, least recently used first, until the allocator needs their memory."""
+
+    def __init__(self):
+        self.frame_of: dict[int, int] = {}                # block hash -> frame
+        self.key_of: dict[int, tuple] = {}                # frame -> (prev_hash, token ids)
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # frames with ref count 0, LRU first
+
+    def lookup(self, prev_hash: int | None, token_ids) -> int | None:
+        """The frame holding this block, or None. The token ids are compared too, so a hash
+        collision between two different blocks is a miss, not wrong K and V."""
+        frame = self.frame_of.get(block_hash(prev_hash, token_ids))
+        return frame if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)) else None
+
+    def insert(self, frame: int, prev_hash: int | None, token_ids) -> int:
+        """Remember that `frame` holds this full block; returns the block's hash. When another
+        frame already holds the same block, that one stays the cached copy."""
+        h = block_hash(prev_hash, token_ids)
+        if h not in self.frame_of and frame not in self.key_of:
+            self.frame_of[h] = frame
+            self.key_of[frame] = (prev_hash, tuple(token_ids))
+        return h
+
+    def holds(self, frame: int) -> bool:
+        return frame in self.key_of
+
+    def park(self, frame: int) -> None:
+        """`frame` lost its last user: keep its content; the most recently parked goes last."""
+        self.evictable[frame] = None
+
+    def revive(self, frame: int) -> bool:
+        """A hit on a parked frame takes it out of the LRU; False when it was not parked."""
+        if frame not in self.evictable:
+            return False
+        del self.evictable[frame]
+        return True
+
+    def evict(self) -> int:
+        """Forget the least recently used parked frame and return it for reuse."""
+        frame, _ = self.evictable.popitem(last=False)
+        del self.frame_of[block_hash(*self.key_of.pop(frame))]
+        return frame
