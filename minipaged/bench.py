@@ -45,11 +45,15 @@ def bench_decode(args) -> dict:
                for _ in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
-    steps = iter(llm._run(llm._make_requests(prompts, params)))
+    for i, prompt in enumerate(prompts):
+        llm.engine.add_request(f"decode-{i}", prompt, params)
     start = time.perf_counter()
-    next(steps)                                   # prefill: all prompts, first token each
+    llm.engine.step()                             # prefill: all prompts, first token each
     prefilled = time.perf_counter()
-    decode_steps = sum(1 for _ in steps)          # one token per stream per step
+    decode_steps = 0
+    while llm.engine.has_unfinished_requests():   # one token per stream per step
+        llm.engine.step()
+        decode_steps += 1
     end = time.perf_counter()
     result = {"batch": args.batch, "prompt_len": args.prompt_len, "decode_steps": decode_steps,
               "tokens_per_s": args.batch * decode_steps / (end - prefilled),
@@ -112,6 +116,22 @@ def _memory_table(result: dict) -> str:
     lines += [f"{label:28}{cell(paged):>18}{cell(static):>20}" for label, cell in rows]
     lines.append("(the vLLM paper measured 20.4%-38.2% for systems that reserve per request)")
     return "\n".join(lines)
+
+
+def _kernel_arguments(parser):
+    parser.add_argument("--versions", default="1,2,3,4,5,6",
+                        help="decode kernel versions to time, comma-separated (default all)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed runs per version; the median is reported (default 20)")
+
+
+@command("kernel", help="paged-attention decode kernels on a GPU: GB/s and fraction of peak "
+         "memory bandwidth per version, next to dense attention", add_arguments=_kernel_arguments)
+def bench_kernel(args) -> list:
+    """One row per (shape, version); see minipaged/attention/kernel_bench.py."""
+    from minipaged.attention import kernel_bench
+    versions = [int(v) for v in args.versions.split(",")]
+    return kernel_bench.run(versions=versions, repeats=args.repeats, verbose=not args.json)
 
 
 def main(argv=None) -> int:

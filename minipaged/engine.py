@@ -1,13 +1,15 @@
-"""`LLM`: load a model, then `generate`, `chat` or `stream` (vLLM's API, so users can move on).
+"""The engine: `LLMEngine.add_request` / `step()`, and `LLM`, the vLLM-shaped front door.
 
-The whole path of a request in one file: prompt -> tokenizer (chat template) -> token ids ->
-one prefill pass for all prompts -> decode steps, one token per live sequence per step ->
-sampler -> text. This first engine runs each `generate` call as one static batch over a
-contiguous cache; the paged cache and the continuous batcher replace that inside, not here.
+The whole path of a request, one step at a time: prompt -> tokenizer (chat template) ->
+`Request` in the scheduler's waiting queue -> each `step()`: the scheduler picks this step's
+batch and the frames it needs -> the runner computes logits over the paged KV cache -> the
+sampler (or beam search) picks tokens -> finished sequences free their frames -> a
+`StepReport` of what happened, and `RequestOutput`s for finished requests.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -15,10 +17,13 @@ from typing import Iterator
 import numpy as np
 from tqdm.auto import tqdm
 
-from minipaged.backend import default_dtype, resolve_device, to_numpy
+from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model
-from minipaged.reference import ContiguousKVCache
-from minipaged.sampling import SamplingParams, make_generator, sample
+from minipaged.paging import BlockManager, KVCache, StaticAllocator, bytes_per_frame
+from minipaged.runner import ModelRunner
+from minipaged.sampling import SamplingParams, log_softmax, make_generator, most_likely, sample
+from minipaged.scheduler import (Batch, Request, Scheduler, SchedulerConfig, Sequence,
+                                 StaticScheduler, Status)
 from minipaged.tokenizer import IncrementalDetokenizer, Tokenizer
 from minipaged.weights import DEFAULT_MODEL, resolve_model
 
@@ -28,7 +33,8 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (eos, stop token or string), "length", "rejected"
+    finish_reason: str | None  # "stop" (eos, stop token/string), "length", "abort", "rejected"
+    cumulative_logprob: float | None = None  # beam search only
 
 
 @dataclass(slots=True)
@@ -38,69 +44,400 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
-    error: str | None = None  # why the request was rejected; the others still ran
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None    # why the request was rejected; the others still ran
 
 
 @dataclass(slots=True)
-class Sequence:
-    """One generated continuation: a prompt's tokens plus what has been sampled so far."""
-    request: int
-    index: int
-    token_ids: list[int]
-    prompt_len: int
-    params: SamplingParams
-    generator: object
-    detokenizer: IncrementalDetokenizer
-    row: int = 0  # its slab in the contiguous cache
-    finish_reason: str | None = None
-    text: str = ""
+class StepReport:
+    """What one step did: print it for a line, collect them for a timeline picture."""
+    step: int
+    ran: list[tuple[str, int, str, int]]   # (request_id, seq index, "prefill"/"decode", tokens)
+    frames_taken: int
+    frames_freed: int
+    free_frames: int
+    copies: int                            # copy-on-write frame copies
+    swapped_out: int                       # frames moved to host memory
+    swapped_in: int
+    cached_tokens: int                     # prompt tokens found in the prefix cache
+    preempted: list[tuple[str, str]]       # (request_id, "recompute" / "swap")
+    finished: list[RequestOutput]
+    new_text: dict[str, str]               # request_id -> text of its first sequence this step
+    seconds: float
+    padding: int = 0                       # static batching: rows computed for finished sequences
 
     @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+    def num_tokens(self) -> int:
+        return sum(n for *_, n in self.ran)
+
+    def __str__(self) -> str:
+        kinds = {"prefill": 0, "decode": 0}
+        for _, _, kind, _ in self.ran:
+            kinds[kind] += 1
+        parts = [f"step {self.step}: {kinds['prefill']} prefill + {kinds['decode']} decode "
+                 f"({self.num_tokens} tokens, {1000 * self.seconds:.0f} ms)",
+                 f"frames +{self.frames_taken} -{self.frames_freed} ({self.free_frames} free)"]
+        extras = [(self.copies, "copy-on-write"), (self.cached_tokens, "cached tokens"),
+                  (self.swapped_out, "frames swapped out"), (self.swapped_in, "frames swapped in")]
+        parts += [f"{n} {what}" for n, what in extras if n]
+        parts += [f"preempted {rid} ({mode})" for rid, mode in self.preempted]
+        parts += [f"finished {o.request_id}" for o in self.finished]
+        return ", ".join(parts)
 
 
 @dataclass(slots=True)
-class Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    error: str | None = None
-    seqs: list[Sequence] = field(default_factory=list)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 0                 # 0: as many as kv_cache_memory holds
+    kv_cache_memory: int = 0            # bytes; 0: 512 MiB on a CPU, half the free GPU memory
+    swap_space: int = 0                 # host frames for preemption by swap; 0: as many as the device
+    max_model_len: int = 0              # 0: the model's, capped by what the KV cache holds
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 0     # 0: max(4096, max_model_len)
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    scheduler: str = "continuous"       # or "static": the pre-Orca baseline
+    watermark: float = 0.01
+
+
+class LLMEngine:
+    """Requests in, one step at a time, outputs out."""
+
+    def __init__(self, model: Model, tokenizer: Tokenizer, config: EngineConfig | None = None,
+                 eos_token_ids=()):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config = config or EngineConfig()
+        c = model.config
+        frame_bytes = bytes_per_frame(c.num_layers, c.num_kv_heads, c.head_dim, config.block_size, model.dtype)
+        num_blocks = config.num_blocks or default_kv_memory(model.device, config.kv_cache_memory) // frame_bytes
+        max_len = config.max_model_len or c.max_position_embeddings
+        if config.scheduler == "static":
+            self.max_model_len = max_len
+            self.blocks = StaticAllocator(num_blocks * config.block_size, max_len)
+            num_blocks, block_size = self.blocks.device.num_blocks, max_len
+        else:
+            self.max_model_len = min(max_len, c.max_position_embeddings, num_blocks * config.block_size)
+            self.blocks = BlockManager(num_blocks, config.block_size, config.swap_space or num_blocks,
+                                       config.enable_prefix_caching)
+            block_size = config.block_size
+        if num_blocks < 1:
+            raise ValueError("the KV cache holds no frame: give more kv_cache_memory or num_blocks")
+        self.kv = KVCache(c.num_layers, num_blocks, c.num_kv_heads, c.head_dim, block_size,
+                          self.blocks.host.num_blocks, model.dtype, model.device)
+        budget = config.max_num_batched_tokens or max(4096, self.max_model_len)
+        if budget < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: "
+                             "a long prompt could never be prefilled (minipaged has no chunked prefill)")
+        scheduler_config = SchedulerConfig(config.max_num_seqs, budget, config.preemption_mode, config.watermark)
+        if config.scheduler not in ("continuous", "static"):
+            raise ValueError(f"scheduler must be 'continuous' or 'static', got {config.scheduler!r}")
+        scheduler_class = StaticScheduler if config.scheduler == "static" else Scheduler
+        self.scheduler = scheduler_class(scheduler_config, self.blocks)
+        self.runner = ModelRunner(model, self.kv)
+        self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.seq_ids = itertools.count()
+        self.step_count = 0
+
+    # ---- the API --------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
+        """Queue a request: prompt is a string or {"prompt_token_ids": [...]}. A bad request
+        raises ValueError saying what was wrong; nothing else is affected."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use; ids must be unique")
+        text, ids = self._prompt_ids(request_id, prompt)
+        self._check_fits(request_id, len(ids), params)
+        num_seqs = 1 if params.beam_width > 1 else params.n
+        seqs = [Sequence(next(self.seq_ids), list(ids), len(ids), index=i,
+                         generator=make_generator(params, i),
+                         detokenizer=IncrementalDetokenizer(self.tokenizer)) for i in range(num_seqs)]
+        request = Request(str(request_id), text, list(ids), params, seqs, arrival=self.step_count)
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+
+    def abort_request(self, request_id: str) -> RequestOutput:
+        """Stop a request now and free its frames; its output so far, finish_reason "abort"."""
+        if request_id not in self.requests:
+            raise KeyError(f"no request {request_id!r} is waiting or running (finished requests "
+                           "are forgotten; ids are case-sensitive)")
+        request = self.requests.pop(request_id)
+        for seq in request.live:
+            seq.finish_reason = "abort"
+        self.scheduler.finish(request)
+        return self._output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> StepReport:
+        """Schedule, move memory, run the model once, sample, and finish what is done."""
+        start = time.perf_counter()
+        allocated, released = self.blocks.device.num_allocated, self.blocks.device.num_released
+        batch = self.scheduler.schedule()
+        if not batch.scheduled and self.has_unfinished_requests():
+            raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
+                               "requests that can never fit are rejected by add_request)")
+        self.kv.swap_out(batch.swap_out)  # before the frames they leave are reused
+        self.kv.swap_in(batch.swap_in)
+        new_text, finished = {}, []
+        if batch.scheduled:
+            new_tokens = [s.seq.token_ids[len(s.seq.token_ids) - s.num_new_tokens:] for s in batch.scheduled]
+            arrays = self.blocks.step_arrays([s.seq.seq_id for s in batch.scheduled],
+                                             [s.num_new_tokens for s in batch.scheduled])
+            logits = self.runner.step(new_tokens, arrays, batch.copies)
+            finished = self._process(batch, logits, new_text)
+        self.step_count += 1
+        return StepReport(
+            step=self.step_count - 1,
+            ran=[(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens)
+                 for s in batch.scheduled if s.samplers],
+            frames_taken=self.blocks.device.num_allocated - allocated,
+            frames_freed=self.blocks.device.num_released - released,
+            free_frames=self.blocks.num_free_frames, copies=len(batch.copies),
+            swapped_out=len(batch.swap_out), swapped_in=len(batch.swap_in),
+            cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
+            new_text=new_text, seconds=time.perf_counter() - start,
+            padding=sum(1 for s in batch.scheduled if not s.samplers))
+
+    # ---- inside a step -----------------------------------------------------------------------
+    def _process(self, batch: Batch, logits: np.ndarray, new_text: dict) -> list[RequestOutput]:
+        """Pick each sequence's next token; finish what is done. Returns finished outputs."""
+        beams: dict[Request, list[tuple[Sequence, np.ndarray]]] = {}
+        rows, samplers = [], []  # (sequence, its request) for every row to sample from
+        for scheduled, row in zip(batch.scheduled, logits):
+            scheduled.seq.num_computed = len(scheduled.seq.token_ids)
+            for seq in scheduled.samplers:
+                seq.num_computed = scheduled.seq.num_computed  # forked samples share the prompt
+                if scheduled.request.beam_search:
+                    beams.setdefault(scheduled.request, []).append((seq, row))
+                else:
+                    rows.append(row)
+                    samplers.append((seq, scheduled.request))
+        tokens = sample(np.stack(rows), [r.params for _, r in samplers],
+                        [s.generator for s, _ in samplers]) if rows else []
+        touched = {}
+        for (seq, request), token in zip(samplers, tokens):
+            text = self._append(request, seq, token)
+            if seq.index == 0 and text:
+                new_text[request.request_id] = text
+            touched[request.request_id] = request
+        for request, pairs in beams.items():
+            self._beam_step(request, pairs)
+            touched[request.request_id] = request
+        finished = []
+        for request in touched.values():
+            if not request.live and request.status is not Status.FINISHED:
+                self.scheduler.finish(request)
+                del self.requests[request.request_id]
+                finished.append(self._output(request))
+        return finished
+
+    def _append(self, request: Request, seq: Sequence, token: int) -> str:
+        """Add a sampled token; decide whether the sequence is finished. Returns new text."""
+        seq.token_ids.append(token)
+        p = request.params
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            self._finish_seq(seq, "stop")
+            return ""
+        before = len(seq.text)
+        seq.text += seq.detokenizer.add(token)
+        for stop in p.stop:
+            if stop in seq.text:
+                seq.text = seq.text[:seq.text.index(stop)]
+                self._finish_seq(seq, "stop")
+        if not seq.finished and (len(seq.output_ids) >= p.max_tokens
+                                 or len(seq.token_ids) >= self.max_model_len):
+            self._finish_seq(seq, "length")
+        return seq.text[before:]
+
+    def _finish_seq(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if not isinstance(self.scheduler, StaticScheduler):  # static batches keep padding rows
+            self.scheduler.free_seq(seq)
+
+    def _beam_step(self, request: Request, pairs: list[tuple[Sequence, np.ndarray]]) -> None:
+        """Keep the beam_width best continuations of all live beams.
+
+        Each beam proposes its 2 * width most likely next tokens, scored by cumulative log
+        probability; the best `width` that do not end the text become the new beams. A beam
+        with several children is fork()ed (they share its frames; the first write copies the
+        partial last block); a beam with none is dropped and its frames freed. Candidates ending
+        in eos are kept as finished hypotheses, scored by log probability per output token.
+        """
+        p, width = request.params, request.params.beam_width
+        candidates = []
+        for seq, row in pairs:
+            logprobs = log_softmax(row[None])[0]
+            for token in most_likely(logprobs, 2 * width):
+                candidates.append((seq.cumulative_logprob + logprobs[token], seq, int(token)))
+        candidates.sort(key=lambda c: -c[0])
+        children: dict[Sequence, list[tuple[float, int]]] = {}
+        kept = 0
+        for score, parent, token in candidates:
+            if kept == width:
+                break
+            ends = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
+            if ends:
+                done = Sequence(-1, parent.token_ids + [token], parent.prompt_len, cumulative_logprob=score,
+                                finish_reason="stop")
+                request.done_beams.append(done)
+            else:
+                children.setdefault(parent, []).append((score, token))
+                kept += 1
+        live = []
+        for parent, _ in pairs:
+            kids = children.get(parent, [])
+            if not kids:
+                parent.finish_reason = "pruned"
+                self.scheduler.free_seq(parent)
+            for score, token in kids[1:]:  # fork before the parent appends its own token
+                child = Sequence(next(self.seq_ids), list(parent.token_ids), parent.prompt_len,
+                                 num_computed=parent.num_computed, cumulative_logprob=score)
+                self.blocks.fork(parent.seq_id, child.seq_id)
+                child.token_ids.append(token)
+                live.append(child)
+            if kids:
+                parent.cumulative_logprob = kids[0][0]
+                parent.token_ids.append(kids[0][1])
+                live.append(parent)
+        request.seqs = live
+        for i, seq in enumerate(live):
+            seq.index = i
+        out_len = len(live[0].output_ids) if live else 0
+        best_live = max((s.cumulative_logprob for s in live), default=-np.inf) / max(out_len, 1)
+        done = sorted(request.done_beams, key=beam_score, reverse=True)[:width]
+        if out_len >= p.max_tokens or (len(done) >= width and best_live <= beam_score(done[-1])):
+            for seq in live:
+                seq.finish_reason = "length" if out_len >= p.max_tokens else "pruned"
+                if seq.finish_reason == "length":
+                    request.done_beams.append(seq)
+                self.scheduler.free_seq(seq)
+
+    # ---- requests in and out -------------------------------------------------------------------
+    def _prompt_ids(self, request_id, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        else:
+            raise ValueError(f"request {request_id!r}: a prompt must be a string or "
+                             f"{{'prompt_token_ids': [...]}}, got {prompt!r:.80}")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if not ids:
+            raise ValueError(f"request {request_id!r}: prompt is empty: give at least one token")
+        if bad:
+            raise ValueError(f"request {request_id!r}: prompt token id {bad[0]} is outside this "
+                             f"model's vocabulary (0..{vocab - 1})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"request {request_id!r}: prompt has {len(ids)} tokens; this model's "
+                             f"max_model_len is {self.max_model_len} (and one token must be generated)")
+        return text, ids
+
+    def _check_fits(self, request_id, prompt_len: int, params: SamplingParams) -> None:
+        """Refuse a request that could not fit even alone in the KV pool, in the worst case
+        (every sample or beam with its own copy of prompt and output, as after a recompute)."""
+        block_size = self.blocks.block_size
+        length = min(prompt_len + params.max_tokens, self.max_model_len)
+        needed = max(params.n, params.beam_width) * -(-length // block_size)
+        if needed > self.blocks.device.num_blocks:
+            raise ValueError(f"request {request_id!r} needs {needed} frames of {block_size} tokens "
+                             f"(prompt {prompt_len} + max_tokens {params.max_tokens}, "
+                             f"{max(params.n, params.beam_width)} sequences) but the KV pool has "
+                             f"{self.blocks.device.num_blocks}; give more kv_cache_memory or ask for less")
+
+    def _output(self, request: Request) -> RequestOutput:
+        if request.beam_search:
+            best = sorted(request.done_beams, key=beam_score, reverse=True)[:request.params.n]
+            outputs = [CompletionOutput(i, self.tokenizer.decode(s.output_ids), s.output_ids,
+                                        s.finish_reason, s.cumulative_logprob) for i, s in enumerate(best)]
+        else:
+            outputs = [CompletionOutput(s.index, s.text, s.output_ids, s.finish_reason) for s in request.seqs]
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
+                             finished=request.status is Status.FINISHED,
+                             num_cached_tokens=request.num_cached_tokens)
+
+
+def beam_score(seq: Sequence) -> float:
+    """Cumulative log probability per generated token (length penalty 1)."""
+    return seq.cumulative_logprob / max(len(seq.output_ids), 1)
+
+
+def default_kv_memory(device: str, requested: int) -> int:
+    """Bytes for the KV cache: as asked, else 512 MiB on a CPU, half the free memory on a GPU."""
+    if requested:
+        return requested
+    if device == "cuda":
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return free // 2
+    return 512 * 2**20
 
 
 class LLM:
-    """A model ready to generate: `LLM()` loads SmolLM2-135M-Instruct on the best device."""
+    """A model ready to generate: `LLM()` loads SmolLM2-135M-Instruct on the best device.
+
+    Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
+    kv_cache_memory or num_blocks, max_model_len, max_num_seqs, enable_prefix_caching,
+    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static")."""
 
     def __init__(self, model: str | None = None, device: str | None = None,
-                 dtype: str | None = None, max_model_len: int | None = None,
-                 progress: bool = True):
+                 dtype: str | None = None, **engine_options):
         start = time.perf_counter()
         self.device = resolve_device(device)
         self.dtype = dtype or default_dtype(self.device)
         self.folder = resolve_model(model)
-        self.model_name = model or DEFAULT_MODEL
+        self.model_name = str(model or DEFAULT_MODEL)
         self.tokenizer = Tokenizer(self.folder)
         self.model = Model.from_folder(self.folder, self.device, self.dtype)
-        config = self.model.config
-        self.max_model_len = min(max_model_len or config.max_position_embeddings,
-                                 config.max_position_embeddings)
-        self.eos_token_ids = set(config.eos_token_ids)
+        eos = set(self.model.config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+            eos.add(self.tokenizer.eos_token_id)
+        self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_options), eos)
         self.load_seconds = time.perf_counter() - start
+        self._ids = itertools.count()
 
-    # ---- public API ---------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.engine.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids) -> None:
+        self.engine.eos_token_ids = set(ids)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Complete each prompt (a string or {"prompt_token_ids": [...]})."""
-        requests = self._make_requests(prompts, params)
-        live = sum(len(r.seqs) for r in requests if r.error is None)
-        with tqdm(total=live, desc="generating", unit="seq", disable=not use_tqdm) as bar:
-            for finished in self._run(requests):
-                bar.update(len(finished))
-        return [self._output(r) for r in requests]
+        """Complete each prompt (a string or {"prompt_token_ids": [...]}), all in one engine run.
+        A bad prompt gets an output with `error` set and finish_reason "rejected"; the rest run."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = params or SamplingParams()
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        results: dict[str, RequestOutput] = {}
+        order = [f"gen-{next(self._ids)}" for _ in prompts]
+        for request_id, prompt, p in zip(order, prompts, params_list):
+            try:
+                self.engine.add_request(request_id, prompt, p)
+            except ValueError as error:
+                ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
+                results[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
+                                                    list(ids), [CompletionOutput(0, "", [], "rejected")],
+                                                    error=str(error))
+        with tqdm(total=len(prompts) - len(results), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while len(results) < len(order):
+                for output in self.engine.step().finished:
+                    results[output.request_id] = output
+                    bar.update(1)
+        return [results[r] for r in order]
 
     def chat(self, messages, params: SamplingParams | None = None,
              use_tqdm: bool = False) -> RequestOutput | list[RequestOutput]:
@@ -112,115 +449,20 @@ class LLM:
         return outputs[0] if single else outputs
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the answer's text piece by piece as tokens are generated (n must be 1)."""
-        requests = self._make_requests([prompt], params)
-        if requests[0].error:
-            raise ValueError(requests[0].error)
-        if len(requests[0].seqs) != 1:
-            raise ValueError("stream() follows one sequence; use n=1")
-        seq = requests[0].seqs[0]
-        shown = 0
-        for _ in self._run(requests):
-            if len(seq.text) > shown:
-                yield seq.text[shown:]
-                shown = len(seq.text)
-
-    # ---- inside -------------------------------------------------------------------------
-    def _make_requests(self, prompts, params) -> list[Request]:
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        params = params or SamplingParams()
-        params_list = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        requests = []
-        for i, (prompt, p) in enumerate(zip(prompts, params_list)):
-            text, ids, error = self._prompt_ids(prompt)
-            request = Request(str(i), text, ids, p, error)
-            if error is None:
-                request.seqs = [Sequence(i, j, list(ids), len(ids), p, make_generator(p, j),
-                                         IncrementalDetokenizer(self.tokenizer)) for j in range(p.n)]
-            requests.append(request)
-        return requests
-
-    def _prompt_ids(self, prompt) -> tuple[str | None, list[int], str | None]:
-        """(text, token ids, error): a bad prompt is rejected with a reason, not raised."""
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        else:
-            return None, [], f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r:.80}"
-        vocab = self.model.config.vocab_size
-        if not ids:
-            return text, ids, "prompt is empty: give at least one token"
-        if any(not 0 <= t < vocab for t in ids):
-            bad = next(t for t in ids if not 0 <= t < vocab)
-            return text, ids, f"prompt token id {bad} is outside this model's vocabulary (0..{vocab - 1})"
-        if len(ids) >= self.max_model_len:
-            return text, ids, (f"prompt has {len(ids)} tokens; this model's max_model_len is "
-                               f"{self.max_model_len} (and at least one token must be generated)")
-        return text, ids, None
-
-    def _run(self, requests: list[Request]) -> Iterator[list[Sequence]]:
-        """Prefill all prompts in one pass, then decode the batch until every sequence ends.
-
-        Yields after every step the sequences that finished in it (often none)."""
-        live = [r for r in requests if r.error is None]
-        seqs = [s for r in live for s in r.seqs]
-        if not seqs:
-            return
-        for row, seq in enumerate(seqs):
-            seq.row = row
-        max_len = min(self.max_model_len, max(s.prompt_len + s.params.max_tokens for s in seqs))
-        cache = ContiguousKVCache(self.model.config, len(seqs), max_len, self.model.xp, self.dtype)
-
-        # prefill: the first sample of each request; parallel samples copy its cache slab
-        firsts = [r.seqs[0] for r in live]
-        logits = self._forward(cache, firsts, [s.token_ids for s in firsts])
-        for r in live:
-            for s in r.seqs[1:]:
-                cache.copy_sequence(r.seqs[0].row, s.row)
-        per_seq = [logits[i] for i, r in enumerate(live) for _ in r.seqs]
-        yield self._append(seqs, per_seq)
-
-        while running := [s for s in seqs if s.finish_reason is None]:
-            logits = self._forward(cache, running, [s.token_ids[-1:] for s in running])
-            yield self._append(running, list(logits))
-
-    def _forward(self, cache, seqs, new_tokens):
-        positions = cache.begin_step([s.row for s in seqs], [len(t) for t in new_tokens])
-        flat = [t for tokens in new_tokens for t in tokens]
-        last_rows = [sum(len(t) for t in new_tokens[:i + 1]) - 1 for i in range(len(seqs))]
-        return to_numpy(self.model.forward(flat, positions, cache, logits_indices=last_rows))
-
-    def _append(self, seqs: list[Sequence], logits) -> list[Sequence]:
-        """Sample one token per sequence, append it, and decide who is finished."""
-        tokens = sample(np.stack(logits), [s.params for s in seqs], [s.generator for s in seqs])
-        finished = []
-        for seq, token in zip(seqs, tokens):
-            seq.token_ids.append(token)
-            seq.finish_reason = self._check_stop(seq, token)
-            if seq.finish_reason:
-                finished.append(seq)
-        return finished
-
-    def _check_stop(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            return "stop"
-        seq.text += seq.detokenizer.add(token)
-        for stop in p.stop:
-            if stop in seq.text:
-                seq.text = seq.text[:seq.text.index(stop)]
-                return "stop"
-        if len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
-            return "length"
-        return None
-
-    def _output(self, r: Request) -> RequestOutput:
-        if r.error:
-            return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids,
-                                 [CompletionOutput(0, "", [], "rejected")], error=r.error)
-        outputs = [CompletionOutput(s.index, s.text, s.output_ids, s.finish_reason) for s in r.seqs]
-        return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, outputs)
+        """Yield the text of one request's first sequence piece by piece as it is generated.
+        Closing the iterator early (or Ctrl-C) aborts the request and frees its frames."""
+        request_id = f"stream-{next(self._ids)}"
+        self.engine.add_request(request_id, prompt, params)
+        self.last_output = None
+        try:
+            while True:
+                report = self.engine.step()
+                if request_id in report.new_text:
+                    yield report.new_text[request_id]
+                for output in report.finished:
+                    if output.request_id == request_id:
+                        self.last_output = output
+                        return
+        finally:
+            if request_id in self.engine.requests:
+                self.last_output = self.engine.abort_request(request_id)

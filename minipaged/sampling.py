@@ -3,7 +3,7 @@
 The last stop of each step: logits of the rows that need a token become token ids. Greedy when
 temperature is 0; otherwise temperature, then top-k, then top-p, then a draw from each
 sequence's own random generator, so a seeded request gets the same tokens whatever else is in
-the batch.
+the batch. (Beam search is not a sampler: the engine keeps the best beams, see engine.py.)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    beam_width: int = 1             # > 1: beam search (deterministic); returns the n best beams
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -35,6 +36,10 @@ class SamplingParams:
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (self.beam_width >= 1, f"beam_width must be at least 1, got {self.beam_width}"),
+            (self.beam_width == 1 or self.n <= self.beam_width,
+             f"beam search returns at most beam_width={self.beam_width} beams, but n={self.n}"),
+            (self.beam_width == 1 or not self.stop, "stop strings are not supported with beam search"),
         ]
         for ok, message in checks:
             if not ok:
@@ -43,6 +48,13 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log p for each row of logits (rows, vocab), computed stably in float64."""
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def make_generator(params: SamplingParams, sample_index: int = 0) -> np.random.Generator:

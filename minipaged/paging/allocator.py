@@ -38,6 +38,8 @@ class BlockAllocator:
         self.free_frames: deque[int] = deque(range(self.num_blocks))
         self.ref_counts = np.zeros(self.num_blocks, dtype=np.int32)  # (num_blocks,)
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.num_allocated = 0  # frames handed out so far (for per-step reports)
+        self.num_released = 0   # frames whose ref count fell to 0 so far
 
     @property
     def num_free(self) -> int:
@@ -55,6 +57,7 @@ class BlockAllocator:
             raise NoFreeFramesError(f"all {self.num_blocks} frames are in use: "
                                     "free or preempt a sequence, then retry")
         self.ref_counts[frame] = 1
+        self.num_allocated += 1
         return frame
 
     def incref(self, frame: int) -> None:
@@ -73,6 +76,7 @@ class BlockAllocator:
                              "a block table freed it twice or it was never allocated")
         self.ref_counts[frame] -= 1
         if self.ref_counts[frame] == 0:
+            self.num_released += 1
             if self.prefix_cache and self.prefix_cache.holds(frame):
                 self.prefix_cache.park(frame)
             else:

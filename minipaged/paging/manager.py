@@ -119,7 +119,9 @@ class BlockManager:
         return self._move(seq_ids, self.device, self.host)
 
     def can_swap_in(self, *seq_ids: SeqId) -> bool:
-        return len(self._distinct_frames(seq_ids)) <= self.num_free_frames
+        """Would these swapped-out sequences fit back, with room for one more token each?"""
+        more = sum(self._table(s).frames_needed(1) for s in seq_ids)
+        return len(self._distinct_frames(seq_ids)) + more <= self.num_free_frames
 
     def swap_in(self, *seq_ids: SeqId) -> list[tuple[int, int]]:
         """Bring swapped-out sequences back: returns (host_frame, device_frame) pairs for KVCache.swap_in."""
