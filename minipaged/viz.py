@@ -2,13 +2,16 @@
 
 Each picture is a small object: str() gives terminal text, _repr_html_() an inline SVG for
 notebooks (no plotting library). One section per picture: the frame map and page tables of
-the paging layer here; the scheduler's batch timeline will get its own section.
+the paging layer, and bar and line charts for the numbers notebooks and lecture notes compute;
+the scheduler's batch timeline will get its own section.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
-from html import escape
+from html import escape, unescape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -166,3 +169,221 @@ class PageTableView:
         names = ", ".join(f"{styles[s][0]} = {s!r}" for s in self.seq_ids)
         caption = f"page tables ({names}): numbered logical blocks, arrows to frames (numbered)"
         return f"<div><b>{escape(caption)}</b><br>{_svg(width, height, lines + boxes)}</div>"
+
+
+# ---- charts: the numbers a notebook or lecture note computes, as bars and lines ------------
+
+CHART_BARS = "█▓▒░"  # text form: one fill character per stacked segment
+CHAR_W = 6.6         # px, one character of 11 px monospace (to size labels)
+PAD = 4              # px, a chart's margin at the left edge
+
+
+def _number(value: float, digits: int, unit: str = "") -> str:
+    """The value with `digits` decimals and thousands separators, then the unit."""
+    return f"{value:,.{digits}f}{unit}"
+
+
+def _tick(value: float) -> str:
+    """An axis value: 1,024 when whole, else as short as it goes (0.25)."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """Round tick values covering lo..hi: steps of 1, 2 or 5 times a power of ten."""
+    if hi <= lo:
+        hi = lo + 1
+    raw = (hi - lo) / n
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(i * step, 12) for i in range(first, last + 1)]
+
+
+def _svg_text(x: float, y: float, text: str, size: int = 11, anchor: str = "start",
+              bold: bool = False, color: str = "#222") -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
+            f'fill="{color}"{weight}>{escape(text)}</text>')
+
+
+def _svg_legend(y: float, names: list[str]) -> list[str]:
+    """One colored square and name per line, from y down (CELL / 1.4 px per line)."""
+    step = CELL / 1.4
+    return [f'<rect x="{PAD}" y="{y + i * step - 9:.1f}" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>'
+            + _svg_text(PAD + 14, y + i * step, name) for i, name in enumerate(names)]
+
+
+def _check_values(kind: str, columns: dict, count: int, of: str) -> None:
+    """Each named column has `count` values, none negative: bars and the y axis start at 0."""
+    for name, values in columns.items():
+        if len(values) != count:
+            raise ValueError(f"{kind} {name!r} has {len(values)} values for {count} {of}")
+        if any(v < 0 for v in values):
+            raise ValueError(f"{kind} {name!r} has a negative value: charts here start at 0")
+
+
+@dataclass(slots=True)
+class BarChart:
+    """Horizontal bars, one per label; each bar stacks its segments left to right (with one
+    segment it is a plain bar chart). str() is a text chart, _repr_html_() an SVG."""
+    title: str
+    labels: list[str]
+    segments: dict[str, list[float]]  # segment name -> one value per label
+    unit: str = ""                    # written after every number: "%", " slots"
+    digits: int = 1
+    width: int = 40                   # characters of the longest bar in the text form
+
+    def __post_init__(self):
+        _check_values("segment", self.segments, len(self.labels), "labels")
+
+    def _rows(self) -> list[list[float]]:
+        """Per label, the segments' values in order."""
+        return [list(values) for values in zip(*self.segments.values())]
+
+    def _scale(self, length: float) -> float:
+        longest = max((sum(row) for row in self._rows()), default=0)
+        return length / longest if longest else 0.0
+
+    def __str__(self) -> str:
+        scale, pad = self._scale(self.width), max(map(len, self.labels), default=0)
+        lines = [self.title]
+        for label, row in zip(self.labels, self._rows()):
+            ends = [round(sum(row[:i + 1]) * scale) for i in range(len(row))]
+            bar = "".join(CHART_BARS[i % len(CHART_BARS)] * (end - start)
+                          for i, (start, end) in enumerate(zip([0] + ends, ends)))
+            lines.append(f"{label:>{pad}}  {bar:<{self.width}}  {self._values(row)}")
+        if len(self.segments) > 1:
+            lines.append("  ".join(f"{CHART_BARS[i % len(CHART_BARS)]} {name}"
+                                   for i, name in enumerate(self.segments)))
+        return "\n".join(lines)
+
+    def _values(self, row: list[float]) -> str:
+        if len(row) == 1:
+            return _number(row[0], self.digits, self.unit)
+        return ", ".join(f"{name} {_number(v, self.digits, self.unit)}" for name, v in zip(self.segments, row))
+
+    def svg(self) -> str:
+        left, bar_width, row_height = PAD + CHAR_W * max(map(len, self.labels), default=0) + 10, 320, CELL + 4
+        scale, top = self._scale(bar_width), 2 * CELL
+        body = [_svg_text(PAD, 14, self.title, size=12, bold=True)]
+        for k, (label, row) in enumerate(zip(self.labels, self._rows())):
+            y, x = top + k * row_height, left
+            body.append(_svg_text(left - 6, y + CELL / 2 + 2, label, anchor="end"))
+            for i, (name, value) in enumerate(zip(self.segments, row)):
+                w, number = value * scale, _number(value, self.digits, self.unit)
+                tooltip = f"{label}: {name} {number}" if len(row) > 1 else f"{label}: {number}"
+                body.append(f'<g><title>{escape(tooltip)}</title><rect x="{x:.1f}" y="{y}" width="{w:.1f}" '
+                            f'height="{CELL - 2}" fill="{PALETTE[i % len(PALETTE)]}"/></g>')
+                if len(row) > 1 and w > CHAR_W * len(number) + 4:
+                    body.append(_svg_text(x + w / 2, y + CELL / 2 + 2, number, anchor="middle", color="#fff"))
+                x += w
+            if len(row) == 1:
+                body.append(_svg_text(x + 4, y + CELL / 2 + 2, _number(row[0], self.digits, self.unit)))
+        height = top + len(self.labels) * row_height + 6
+        if len(self.segments) > 1:
+            body += _svg_legend(height + 10, list(self.segments))
+            height += 10 + len(self.segments) * CELL / 1.4
+        width = max(left + bar_width + 70, PAD + CHAR_W * 1.1 * len(self.title))
+        return _svg(round(width), round(height), body)
+
+    def _repr_html_(self) -> str:
+        return self.svg()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))  # IPython's text form (a terminal, or text-only output): the text chart
+
+
+@dataclass(slots=True)
+class LineChart:
+    """One or more series over the same x values, the y axis from 0. str() is a table of the
+    points (every one, or evenly thinned to max_rows), _repr_html_() an SVG."""
+    title: str
+    x: list[float]
+    series: dict[str, list[float]]  # name -> one y per x
+    x_label: str = "x"
+    y_label: str = ""
+    log_x: bool = False             # x axis in powers of two (block sizes)
+    digits: int = 1
+    max_rows: int = 20
+
+    def __post_init__(self):
+        _check_values("series", self.series, len(self.x), "x values")
+        if not self.x:
+            raise ValueError("a line chart needs at least one x value")
+        if self.log_x and min(self.x) <= 0:
+            raise ValueError("log_x needs x values > 0")
+
+    def __str__(self) -> str:
+        n = len(self.x)
+        rows = range(n) if n <= self.max_rows else sorted({round(i * (n - 1) / (self.max_rows - 1))
+                                                           for i in range(self.max_rows)})
+        header = [self.x_label, *self.series]
+        table = [[_tick(self.x[i])] + [_number(ys[i], self.digits) for ys in self.series.values()]
+                 for i in rows]
+        widths = [max(len(cell) for cell in column) for column in zip(header, *table)]
+        lines = [self.title + (f" ({self.y_label})" if self.y_label else ""),
+                 "  ".join(h.rjust(w) for h, w in zip(header, widths))]
+        lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table]
+        if n > self.max_rows:
+            lines.append(f"({len(rows)} of {n} points shown)")
+        return "\n".join(lines)
+
+    def svg(self) -> str:
+        left, top, plot_w, plot_h = 60, 2 * CELL + 6, 420, 200
+        at = math.log2 if self.log_x else float
+        xs = [at(x) for x in self.x]
+        x_ticks = sorted(set(self.x)) if self.log_x else _ticks(min(xs), max(xs))
+        x_lo, x_hi = (min(xs), max(xs)) if self.log_x else (x_ticks[0], x_ticks[-1])
+        y_ticks = _ticks(0, max((max(ys) for ys in self.series.values()), default=1))
+
+        def px(x: float) -> float:
+            return left + (at(x) - x_lo) / ((x_hi - x_lo) or 1) * plot_w
+
+        def py(y: float) -> float:
+            return top + plot_h - y / y_ticks[-1] * plot_h
+
+        body = [_svg_text(PAD, 14, self.title, size=12, bold=True), _svg_text(PAD, top - 10, self.y_label)]
+        for y in y_ticks:
+            body.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{left + plot_w}" y2="{py(y):.1f}" stroke="#ddd"/>')
+            body.append(_svg_text(left - 6, py(y) + 4, _tick(y), anchor="end"))
+        for x in x_ticks:
+            body.append(f'<line x1="{px(x):.1f}" y1="{top + plot_h}" x2="{px(x):.1f}" y2="{top + plot_h + 4}" stroke="#888"/>')
+            body.append(_svg_text(px(x), top + plot_h + 16, _tick(x), anchor="middle"))
+        body.append(f'<path d="M{left},{top} V{top + plot_h} H{left + plot_w}" fill="none" stroke="#888"/>')
+        body.append(_svg_text(left + plot_w / 2, top + plot_h + 34, self.x_label, anchor="middle"))
+        for i, (name, ys) in enumerate(self.series.items()):
+            color = PALETTE[i % len(PALETTE)]
+            points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(self.x, ys))
+            body.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
+            if len(self.x) <= 40:  # dots with tooltips; a long series stays a plain line
+                body += [f'<g><title>{escape(f"{name}: {_number(y, self.digits)} at {self.x_label} {_tick(x)}")}'
+                         f'</title><circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/></g>'
+                         for x, y in zip(self.x, ys)]
+        legend_y = top + plot_h + 56
+        body += _svg_legend(legend_y, list(self.series))
+        width = max(left + plot_w + 20, PAD + CHAR_W * 1.1 * len(self.title))
+        return _svg(round(width), round(legend_y + len(self.series) * CELL / 1.4), body)
+
+    def _repr_html_(self) -> str:
+        return self.svg()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))  # IPython's text form (a terminal, or text-only output): the text chart
+
+
+def svg_document(picture) -> str:
+    """A standalone .svg file of any picture here (for docs/figures): a chart's own SVG; for a
+    frame map or page-table view, its SVG with its bold title above and its legend below."""
+    if isinstance(picture, (BarChart, LineChart)):
+        return picture.svg()
+    html = picture._repr_html_()
+    inner = re.search(r"<svg .*</svg>", html, re.S).group(0)
+    title = unescape(re.search(r"<b>(.*?)</b>", html, re.S).group(1))
+    legend = re.search(r"<small>(.*?)</small>", html, re.S)
+    notes = [unescape(line) for line in legend.group(1).split("<br>")] if legend else []
+    inner_w, inner_h = (float(v) for v in re.search(r'width="([\d.]+)" height="([\d.]+)"', inner).groups())
+    top = CELL + 6
+    body = [_svg_text(PAD, 14, title, size=12, bold=True), inner.replace("<svg ", f'<svg x="{PAD}" y="{top}" ', 1)]
+    body += [_svg_text(PAD, top + inner_h + 18 + i * 16, note) for i, note in enumerate(notes)]
+    width = 2 * PAD + max(inner_w, CHAR_W * 1.1 * len(title), *(CHAR_W * len(note) for note in notes))
+    return _svg(round(width), round(top + inner_h + 8 + 16 * len(notes)), body)
