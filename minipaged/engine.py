@@ -64,7 +64,11 @@ class StepReport:
     finished: list[RequestOutput]
     new_text: dict[str, str]               # request_id -> text of its first sequence this step
     seconds: float
-    padding: int = 0                       # static batching: rows computed for finished sequences
+    padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
+
+    @property
+    def padding(self) -> int:
+        return len(self.padded)
 
     @property
     def num_tokens(self) -> int:
@@ -200,7 +204,7 @@ class LLMEngine:
             swapped_out=len(batch.swap_out), swapped_in=len(batch.swap_in),
             cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
             new_text=new_text, seconds=time.perf_counter() - start,
-            padding=sum(1 for s in batch.scheduled if not s.samplers))
+            padded=[(s.request.request_id, s.seq.index) for s in batch.scheduled if not s.samplers])
 
     # ---- inside a step -----------------------------------------------------------------------
     def _process(self, batch: Batch, logits: np.ndarray, new_text: dict) -> list[RequestOutput]:

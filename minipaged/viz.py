@@ -2,8 +2,8 @@
 
 Each picture is a small object: str() gives terminal text, _repr_html_() an inline SVG for
 notebooks (no plotting library). One section per picture: the frame map and page tables of
-the paging layer, and bar and line charts for the numbers notebooks and lecture notes compute;
-the scheduler's batch timeline will get its own section.
+the paging layer, bar and line charts for the numbers notebooks and lecture notes compute, and
+the scheduler's batch timeline.
 """
 
 from __future__ import annotations
@@ -26,9 +26,13 @@ CELL = 22  # px, one frame or one logical block
 
 
 def _styles(manager) -> dict:
-    """seq id -> (letter, color), the same in every picture: A..Z, then '#'."""
-    return {seq_id: (chr(ord("A") + i) if i < 26 else "#", PALETTE[i % len(PALETTE)])
-            for i, seq_id in enumerate(manager.tables)}
+    """seq id -> (letter, color). Integer ids (the engine's) keep theirs for life: id % 26 and
+    id % 10; other ids go by their order in the manager (A..Z, then '#')."""
+    def style(i: int, seq_id) -> tuple[str, str]:
+        n = seq_id if isinstance(seq_id, int) else i
+        letter = chr(ord("A") + n % 26) if isinstance(seq_id, int) or n < 26 else "#"
+        return letter, PALETTE[n % len(PALETTE)]
+    return {seq_id: style(i, seq_id) for i, seq_id in enumerate(manager.tables)}
 
 
 def _frame_cell(manager, frame: int, owners: dict, styles: dict) -> tuple[str, str, str]:
@@ -112,6 +116,9 @@ class FrameMap:
         legend = escape(_legend(self.manager, _styles(self.manager))).replace("\n", "<br>")
         return f"<div><b>{escape(self.title())}</b><br>{svg}<br><small>{legend}</small></div>"
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))  # IPython's text form: the terminal picture
+
 
 # ---- page tables: a sequence's logical blocks, arrows to their frames ----------------------
 
@@ -169,6 +176,9 @@ class PageTableView:
         names = ", ".join(f"{styles[s][0]} = {s!r}" for s in self.seq_ids)
         caption = f"page tables ({names}): numbered logical blocks, arrows to frames (numbered)"
         return f"<div><b>{escape(caption)}</b><br>{_svg(width, height, lines + boxes)}</div>"
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))  # IPython's text form: the terminal picture
 
 
 # ---- charts: the numbers a notebook or lecture note computes, as bars and lines ------------
@@ -387,3 +397,79 @@ def svg_document(picture) -> str:
     body += [_svg_text(PAD, top + inner_h + 18 + i * 16, note) for i, note in enumerate(notes)]
     width = 2 * PAD + max(inner_w, CHAR_W * 1.1 * len(title), *(CHAR_W * len(note) for note in notes))
     return _svg(round(width), round(top + inner_h + 8 + 16 * len(notes)), body)
+
+
+# ---- the batch timeline: which request sat in which batch slot at each step ------------------
+
+@dataclass(slots=True)
+class Timeline:
+    """Batch slots over steps, from the engine's StepReports. A sequence keeps its slot while it
+    runs; a letter per request, UPPER case for its prefill step, lower case while decoding,
+    ! where it was preempted, _ for a static batch's padding row (computed, thrown away)."""
+    reports: list
+    max_steps: int = 100  # the text form shows the last this many steps
+
+    def grid(self) -> tuple[list[list[tuple[str, str] | None]], dict[str, int]]:
+        """(slots x steps cells of (request_id, kind) or None, request_id -> color index)."""
+        slots: list = []          # occupant key (request_id, seq index) per slot, None = free
+        columns, colors = [], {}
+        for report in self.reports:
+            now = {(rid, i): kind for rid, i, kind, _ in report.ran}
+            now |= {key: "padding" for key in report.padded}
+            for rid, _ in report.preempted:
+                now |= {key: "preempted" for key in slots if key and key[0] == rid}
+            slots = [key if key in now else None for key in slots]
+            for key in now:
+                if key not in slots:  # a newcomer takes the first empty slot
+                    if None in slots:
+                        slots[slots.index(None)] = key
+                    else:
+                        slots.append(key)
+                colors.setdefault(key[0], len(colors))
+            columns.append([(key[0], now[key]) if key else None for key in slots])
+        height = max((len(c) for c in columns), default=0)
+        rows = [[c[i] if i < len(c) else None for c in columns] for i in range(height)]
+        return rows, colors
+
+    def __str__(self) -> str:
+        rows, colors = self.grid()
+        first = max(0, len(self.reports) - self.max_steps)
+        letters = {rid: chr(ord("A") + n % 26) for rid, n in colors.items()}
+        marks = {"prefill": str.upper, "decode": str.lower}
+        def cell(c):
+            if c is None:
+                return "."
+            rid, kind = c
+            return marks[kind](letters[rid]) if kind in marks else {"preempted": "!", "padding": "_"}[kind]
+        lines = [f"batch timeline: steps {first}-{len(self.reports) - 1}, {len(rows)} slots"]
+        lines += [f"slot {i:3d} |" + "".join(cell(c) for c in row[first:]) for i, row in enumerate(rows)]
+        shown = list(letters.items())[:12]
+        lines.append("  ".join(f"{letter}={rid}" for rid, letter in shown) + ("  ..." if len(letters) > 12 else ""))
+        lines.append("UPPER = prefill, lower = decode, ! = preempted, _ = padding, . = empty slot")
+        return "\n".join(lines)
+
+    def svg(self) -> str:
+        rows, colors = self.grid()
+        w, h, left, top = 8, 14, 7 * CHAR_W, 22
+        body = [_svg_text(PAD, 14, f"batch timeline: {len(self.reports)} steps, {len(rows)} slots", size=12, bold=True)]
+        for i, row in enumerate(rows):
+            y = top + i * h
+            body.append(_svg_text(PAD, y + h - 3, f"slot {i}", size=10))
+            for step, c in enumerate(row):
+                if c is None:
+                    continue
+                rid, kind = c
+                fill = {"preempted": "#d62728", "padding": FREE}.get(kind, PALETTE[colors[rid] % len(PALETTE)])
+                stroke = ' stroke="#000" stroke-width="1.5"' if kind == "prefill" else ""
+                body.append(f'<g><title>{escape(f"step {step}: {rid} {kind}")}</title><rect x="{left + step * w}" '
+                            f'y="{y}" width="{w - 1}" height="{h - 2}" fill="{fill}"{stroke}/></g>')
+        caption = "color = request; outlined = prefill; red = preempted; grey = padding (static batch)"
+        body.append(_svg_text(PAD, top + len(rows) * h + 14, caption, size=10))
+        width = max(left + len(self.reports) * w + PAD, CHAR_W * len(caption))
+        return _svg(round(width), top + len(rows) * h + 22, body)
+
+    def _repr_html_(self) -> str:
+        return self.svg()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        printer.text(str(self))
