@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model

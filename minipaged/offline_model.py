@@ -63,7 +63,7 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
     """Write a Hugging Face folder for a llama-architecture GGUF (weights as float32)."""
     import gguf  # only the conversion needs it
     from safetensors.numpy import save_file
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     reader = gguf.GGUFReader(str(gguf_path))
     big = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
