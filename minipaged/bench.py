@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 COMMANDS = {}  # name -> (function, add_arguments, help)
 
 
@@ -33,8 +35,6 @@ def _decode_arguments(parser):
          add_arguments=_decode_arguments)
 def bench_decode(args) -> dict:
     import time
-
-    import numpy as np
 
     from minipaged.engine import LLM
     from minipaged.sampling import SamplingParams
@@ -132,6 +132,130 @@ def bench_kernel(args) -> list:
     from minipaged.attention import kernel_bench
     versions = [int(v) for v in args.versions.split(",")]
     return kernel_bench.run(versions=versions, repeats=args.repeats, verbose=not args.json)
+
+
+def _serving_arguments(parser):
+    parser.add_argument("--model", default=None, help="hub id or folder (default SmolLM2-135M-Instruct)")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if usable")
+    parser.add_argument("--requests", type=int, default=32, help="requests in the workload")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
+
+
+def _throughput_arguments(parser):
+    _serving_arguments(parser)
+    parser.add_argument("--max-model-len", type=int, default=1024,
+                        help="context per request; the static baseline reserves this much each")
+    parser.add_argument("--kv-tokens", type=int, default=8192,
+                        help="KV cache size in tokens, the same for both (static: kv-tokens / max-model-len requests)")
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="continuous batching's batch limit")
+
+
+def _random_prompts(specs, seed: int, vocab: int) -> list[dict]:
+    """Random token ids (skipping the first ids, where special tokens live) of the given lengths."""
+    rng = np.random.default_rng(seed)
+    low, high = min(100, vocab // 4), min(10_000, vocab)
+    return [{"prompt_token_ids": rng.integers(low, high, s.prompt_len).tolist()} for s in specs]
+
+
+def _serve(llm, prompts, params) -> tuple[float, int, list]:
+    """Run every request through llm.engine; returns seconds, generated tokens, step reports."""
+    import time
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        llm.engine.add_request(f"bench-{i}", prompt, p)
+    reports, start = [], time.perf_counter()
+    while llm.engine.has_unfinished_requests():
+        reports.append(llm.engine.step())
+    seconds = time.perf_counter() - start
+    tokens = sum(len(c.token_ids) for r in reports for o in r.finished for c in o.outputs)
+    return seconds, tokens, reports
+
+
+@command("throughput", help="continuous vs static batching on one mixed-length workload: tokens/s",
+         add_arguments=_throughput_arguments)
+def bench_throughput(args) -> dict:
+    from minipaged.engine import LLM
+    from minipaged.paging.workload import make_workload
+    from minipaged.sampling import SamplingParams
+
+    specs = make_workload(args.requests, min_len=8, max_len=args.max_model_len // 2,
+                          prompt_mean=64, output_mean=128, seed=args.seed)
+    params = [SamplingParams(temperature=0, max_tokens=s.output_len, ignore_eos=True) for s in specs]
+    result = {"requests": args.requests, "output_tokens": sum(s.output_len for s in specs),
+              "kv_tokens": args.kv_tokens, "max_model_len": args.max_model_len}
+    for name, options in [("continuous", dict(max_num_seqs=args.max_num_seqs)),
+                          ("static", dict(scheduler="static"))]:
+        llm = LLM(args.model, device=args.device, block_size=16, num_blocks=args.kv_tokens // 16,
+                  max_model_len=args.max_model_len, **options)
+        prompts = _random_prompts(specs, args.seed, llm.model.config.vocab_size)
+        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm-up
+        seconds, tokens, reports = _serve(llm, prompts, params)
+        result[name] = {"tokens_per_s": tokens / seconds, "seconds": seconds, "tokens": tokens,
+                        "steps": len(reports), "padding_rows": sum(r.padding for r in reports),
+                        "mean_batch": sum(len(r.ran) for r in reports) / len(reports)}
+        result["device"] = llm.device
+        del llm
+    result["ratio"] = result["continuous"]["tokens_per_s"] / result["static"]["tokens_per_s"]
+    if not args.json:
+        print(f"{args.requests} requests, {result['output_tokens']:,} output tokens, KV cache of "
+              f"{args.kv_tokens:,} tokens, max_model_len {args.max_model_len}, on {result['device']}")
+        for name in ("continuous", "static"):
+            r = result[name]
+            print(f"  {name:<10} {r['tokens_per_s']:7.1f} tok/s  {r['seconds']:6.1f} s  {r['steps']:5} steps  "
+                  f"mean batch {r['mean_batch']:5.1f}  padding rows {r['padding_rows']}")
+        print(f"  continuous / static = {result['ratio']:.2f}x  (the vLLM paper: 2-4x over static systems)")
+    return result
+
+
+def _sharing_arguments(parser):
+    _serving_arguments(parser)
+    parser.set_defaults(requests=16)
+    parser.add_argument("--width", type=int, default=4, help="parallel samples n, and beam width")
+
+
+@command("sharing", help="frames saved by fork + copy-on-write: parallel sampling and beam search",
+         add_arguments=_sharing_arguments)
+def bench_sharing(args) -> dict:
+    """Each step, frames in use with sharing vs the frames the same sequences would hold with a
+    private copy each (sum of their block tables); saving = 1 - shared / private over the run."""
+    from minipaged.engine import LLM
+    from minipaged.paging.workload import make_workload
+    from minipaged.sampling import SamplingParams
+
+    llm = LLM(args.model, device=args.device, enable_prefix_caching=False)
+    blocks, result = llm.engine.blocks, {}
+    workloads = {  # mean prompt / output tokens of the paper's datasets
+        "alpaca": make_workload(args.requests, 4, 256, prompt_mean=19, output_mean=58, seed=args.seed),
+        "sharegpt": make_workload(args.requests // 2, 8, 512, prompt_mean=161, output_mean=338, seed=args.seed),
+    }
+    for mode in ("parallel_sampling", "beam_search"):
+        result[mode] = {}
+        for dataset, specs in workloads.items():
+            if mode == "beam_search" and dataset == "sharegpt":
+                specs = specs[:max(1, len(specs) // 2)]  # beams of long outputs are slow on a CPU
+            params = [SamplingParams(n=args.width, temperature=1.0, seed=i, max_tokens=s.output_len, ignore_eos=True)
+                      if mode == "parallel_sampling" else
+                      SamplingParams(beam_width=args.width, max_tokens=s.output_len, ignore_eos=True)
+                      for i, s in enumerate(specs)]
+            shared = private = 0
+            for i, (prompt, p) in enumerate(zip(_random_prompts(specs, args.seed, llm.model.config.vocab_size), params)):
+                llm.engine.add_request(f"{mode}-{dataset}-{i}", prompt, p)
+            while llm.engine.has_unfinished_requests():
+                llm.engine.step()
+                shared += blocks.device.num_blocks - blocks.num_free_frames
+                private += sum(len(t.frames) for t in blocks.tables.values())
+            result[mode][dataset] = {"saving": 1 - shared / private, "requests": len(specs)}
+        result[mode]["saving"] = result[mode]["sharegpt"]["saving"]
+    result["paper"] = {"parallel_sampling": {"alpaca": [0.061, 0.098], "sharegpt": [0.162, 0.305]},
+                       "beam_search": {"alpaca": [0.376, 0.552], "sharegpt": [0.443, 0.663]}}
+    result["device"], result["width"] = llm.device, args.width
+    if not args.json:
+        print(f"frames saved by sharing (n = beam width = {args.width}), {llm.model_name} on {llm.device}")
+        for mode in ("parallel_sampling", "beam_search"):
+            for dataset in workloads:
+                low, high = result["paper"][mode][dataset]
+                print(f"  {mode:<18} {dataset:<9} {result[mode][dataset]['saving']:6.1%}   "
+                      f"(paper: {low:.1%}-{high:.1%}, {result[mode][dataset]['requests']} requests)")
+    return result
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,9 @@
 """Paged attention: attention that reads K/V from scattered frames through a block table.
 
-One contract, three implementations (`reference` NumPy, `cuda` RawModule, `emulated` CPU):
+One contract, three implementations, each a module with the same four functions:
+`reference` (NumPy, the specification; the model's choice on a CPU), `cuda` (the kernels of
+cuda/*.cu through cupy.RawModule; the model's choice on a GPU) and `emulated` (the same kernels
+compiled for the CPU, for tests and study). `get_attention(device)` returns the model's choice.
 
     write_kv(k, v, k_cache, v_cache, slot_mapping)            # in place
         k, v: (num_tokens, num_kv_heads, head_dim); slot_mapping: int32 (num_tokens,),
@@ -11,9 +14,30 @@ One contract, three implementations (`reference` NumPy, `cuda` RawModule, `emula
         block_tables: int32 (num_seqs, max_blocks_per_seq), padded with -1
         context_lens: int32 (num_seqs,), tokens in the cache for each sequence (new one included)
         out: (num_seqs, num_heads, head_dim)
+        cuda and emulated also take version=1..6 (default: kernels.pick_version) and
+        partition_size (v6's, default 512)
     prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale) -> out
         q: (num_tokens, num_heads, head_dim); sequence i owns rows
         query_start_loc[i]:query_start_loc[i+1], its last query_len tokens of context_lens[i];
         causal: a query at position p sees keys at positions 0..p
     copy_blocks(k_cache, v_cache, pairs)                       # in place, pairs: (src, dst) frames
+
+Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for `reference`
+and `emulated`, CuPy for `cuda`; q and the caches share one dtype (float32 or float16; the
+kernels take head_dim 64 or 128).
 """
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def get_attention(device: str) -> ModuleType:
+    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for "cpu"."""
+    if device == "cuda":
+        from . import cuda
+        return cuda
+    if device == "cpu":
+        from . import reference
+        return reference
+    raise ValueError(f"unknown device {device!r}; choose 'cpu' or 'cuda'")

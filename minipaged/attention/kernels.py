@@ -1,0 +1,200 @@
+"""How the kernels of cuda/*.cu are launched: their names, grids and arguments, and which decode
+version runs when none is asked for.
+
+Shared by `cuda` (CuPy arrays, kernels compiled by cupy.RawModule) and `emulated` (NumPy arrays,
+the same kernels compiled for the CPU): each hands in a `Launcher`, so both run exactly the same
+launches and the emulated tests check these lines too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+SOURCES = {"paged_attention": CUDA_DIR / "paged_attention.cu",    # the attention kernels
+           "cache_ops": CUDA_DIR / "cache_ops.cu"}                # write_kv, copy_blocks
+
+NUM_THREADS = 128        # threads per block, as NUM_THREADS in the .cu files
+PREFILL_ROWS = 16        # query rows per block of paged_prefill (PREFILL_ROWS in the .cu)
+HEAD_DIMS = (64, 128)    # the head sizes the kernels are instantiated for
+MAX_Q_PER_KV = 8         # v5 and v6 are instantiated for GQA groups of 1..8 query heads
+PARTITION_SIZE = 512     # v6: tokens per partition of a context
+VERSIONS = (1, 2, 3, 4, 5, 6)
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half"}
+
+
+# ---- names ---------------------------------------------------------------------------------------
+
+def source_of(name: str) -> str:
+    """The key in SOURCES of the .cu file that defines a kernel instance."""
+    return "cache_ops" if name.startswith(("write_kv<", "copy_blocks<")) else "paged_attention"
+
+
+def decode_kernel(version: int, dtype, head_dim: int, q_per_kv: int) -> str:
+    """The name expression of a decode version; v5 and v6 also depend on the GQA group size."""
+    ctype = CTYPES[np.dtype(dtype)]
+    if version in (5, 6):
+        return f"paged_attention_v{version}<{ctype}, {head_dim}, {q_per_kv}>"
+    return f"paged_attention_v{version}<{ctype}, {head_dim}>"
+
+
+def kernel_names(source: str, q_per_kv=range(1, MAX_Q_PER_KV + 1)) -> list[str]:
+    """Every instance of a source's kernels the launches below can ask for (q_per_kv narrows
+    v5/v6 to some group sizes): what the NVRTC check compiles and the emulated library holds."""
+    if source == "cache_ops":
+        return [f"{kernel}<{ctype}>" for kernel in ("write_kv", "copy_blocks")
+                for ctype in CTYPES.values()]
+    names = []
+    for dtype, ctype in CTYPES.items():
+        for head_dim in HEAD_DIMS:
+            names += [decode_kernel(v, dtype, head_dim, 1) for v in (1, 2, 3, 4)]
+            names += [decode_kernel(v, dtype, head_dim, g) for v in (5, 6) for g in q_per_kv]
+            names += [f"paged_attention_v6_reduce<{ctype}, {head_dim}>",
+                      f"paged_prefill<{ctype}, {head_dim}>"]
+    return names
+
+
+def pick_version(num_seqs: int, num_kv_heads: int, q_per_kv: int, max_context_len: int,
+                 num_sms: int) -> int:
+    """The decode version used when none is asked for:
+    - v5 (one block per GQA group: each K/V element read once) by default;
+    - v6 (split-KV) when v5's num_seqs * num_kv_heads blocks are fewer than the SMs, so most of
+      the GPU would idle, and the contexts span more than two partitions, so splitting them
+      gives the idle SMs work;
+    - v4 when a GQA group has more than MAX_Q_PER_KV query heads (v5/v6 are not built for it).
+    """
+    if q_per_kv > MAX_Q_PER_KV:
+        return 4
+    if num_seqs * num_kv_heads < num_sms and max_context_len > 2 * PARTITION_SIZE:
+        return 6
+    return 5
+
+
+# ---- checks that turn a wrong call into a message ------------------------------------------------
+
+def _check_cache(cache, q_dtype=None) -> None:
+    if cache.ndim != 4 or not cache.flags.c_contiguous:
+        raise ValueError(f"a KV cache must be one contiguous (num_blocks, block_size, "
+                         f"num_kv_heads, head_dim) array, got shape {cache.shape}")
+    if np.dtype(cache.dtype) not in CTYPES or cache.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"the kernels are built for float32/float16 caches with head_dim in "
+                         f"{HEAD_DIMS}; got {cache.dtype} and head_dim {cache.shape[3]}")
+    if q_dtype is not None and np.dtype(q_dtype) != np.dtype(cache.dtype):
+        raise ValueError(f"q is {q_dtype} but the cache is {cache.dtype}: use one dtype for both")
+
+
+def _layout(q, k_cache) -> tuple[int, int, int]:
+    """block_size, num_kv_heads and q_per_kv of a call, once q and the cache are checked."""
+    _check_cache(k_cache, q.dtype)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if q.ndim != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
+        raise ValueError(f"q must be (tokens, num_heads, {head_dim}) with num_heads a multiple of "
+                         f"the cache's {num_kv_heads} KV heads; got {q.shape}")
+    return block_size, num_kv_heads, q.shape[1] // num_kv_heads
+
+
+def _i32(xp, a):
+    return xp.ascontiguousarray(xp.asarray(a), dtype=xp.int32)
+
+
+# ---- the launches --------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Launcher:
+    """The contract's functions on one device. `launch(name, grid, block, args)` starts the
+    kernel instance `name` (a name expression such as "paged_attention_v5<float, 64, 3>"); `xp`
+    allocates the buffers; `num_sms` feeds the decode version rule."""
+    launch: Callable[[str, tuple, tuple, tuple], None]
+    xp: ModuleType       # numpy or cupy
+    num_sms: int         # streaming multiprocessors
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        """cache_ops.cu write_kv: one block per new token."""
+        xp = self.xp
+        _check_cache(k_cache, k.dtype)
+        if k.shape[1:] != k_cache.shape[2:] or v.shape != k.shape:
+            raise ValueError(f"k and v must be (num_tokens, {k_cache.shape[2]}, "
+                             f"{k_cache.shape[3]}) like the cache rows; got {k.shape}, {v.shape}")
+        if len(k) == 0:
+            return
+        row_size = k_cache.shape[2] * k_cache.shape[3]            # num_kv_heads * head_dim
+        self.launch(f"write_kv<{CTYPES[np.dtype(k.dtype)]}>", (len(k),), (NUM_THREADS,),
+                    (k_cache, v_cache, xp.ascontiguousarray(k), xp.ascontiguousarray(v),
+                     _i32(xp, slot_mapping), np.int32(row_size)))
+
+    def copy_blocks(self, k_cache, v_cache, pairs) -> None:
+        """cache_ops.cu copy_blocks: one block per (src, dst) pair."""
+        _check_cache(k_cache)
+        pairs = _i32(self.xp, pairs).reshape(-1, 2)
+        if len(pairs) == 0:
+            return
+        frame_size = k_cache[0].size                              # block_size * kvh * head_dim
+        self.launch(f"copy_blocks<{CTYPES[np.dtype(k_cache.dtype)]}>", (len(pairs),),
+                    (NUM_THREADS,), (k_cache, v_cache, pairs, np.int32(frame_size)))
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale,
+               version: int | None = None, partition_size: int = PARTITION_SIZE):
+        """One query per sequence, by decode version 1..6 (None: pick_version's choice);
+        partition_size is v6's."""
+        xp = self.xp
+        block_size, num_kv_heads, q_per_kv = _layout(q, k_cache)
+        num_seqs, num_heads, head_dim = q.shape
+        block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
+        max_blocks = block_tables.shape[1]
+        max_context = max_blocks * block_size       # a bound known without reading context_lens
+        if version is None:
+            version = pick_version(num_seqs, num_kv_heads, q_per_kv, max_context, self.num_sms)
+        if version not in VERSIONS or (version in (5, 6) and q_per_kv > MAX_Q_PER_KV):
+            raise ValueError(f"no decode version {version} for {q_per_kv} query heads per KV "
+                             f"head: versions are {VERSIONS}; 5 and 6 take up to {MAX_Q_PER_KV}")
+        out = xp.empty_like(q)
+        if num_seqs == 0:
+            return out
+        name = decode_kernel(version, q.dtype, head_dim, q_per_kv)
+        inputs = (xp.ascontiguousarray(q), k_cache, v_cache, block_tables, context_lens,
+                  np.int32(max_blocks), np.int32(block_size), np.int32(num_kv_heads),
+                  np.float32(scale))
+        if version <= 3:                            # v1-v3 keep the logits in global memory
+            logits = xp.empty((num_seqs, num_heads, max_context), dtype=xp.float32)
+            self.launch(name, (num_heads, num_seqs), (NUM_THREADS,),
+                        (out, *inputs, logits, np.int32(max_context)))
+        elif version == 4:                          # a block per (query head, sequence)
+            self.launch(name, (num_heads, num_seqs), (NUM_THREADS,), (out, *inputs))
+        elif version == 5:                          # a block per (KV head, sequence)
+            self.launch(name, (num_kv_heads, num_seqs), (NUM_THREADS,), (out, *inputs))
+        else:                                       # v6: a block per partition, then the merge
+            num_partitions = -(-max_context // partition_size)
+            part_out = xp.empty((num_seqs, num_partitions, num_heads, head_dim), xp.float32)
+            part_lse = xp.empty((num_seqs, num_partitions, num_heads), xp.float32)
+            self.launch(name, (num_kv_heads, num_seqs, num_partitions), (NUM_THREADS,),
+                        (part_out, part_lse, *inputs, np.int32(partition_size)))
+            self.launch(f"paged_attention_v6_reduce<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>",
+                        (num_heads, num_seqs), (NUM_THREADS,),
+                        (out, part_out, part_lse, context_lens, np.int32(partition_size),
+                         np.int32(num_partitions)))
+        return out
+
+    def prefill(self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
+        """paged_prefill: a block per PREFILL_ROWS query rows (token x head of a GQA group)."""
+        xp = self.xp
+        block_size, num_kv_heads, q_per_kv = _layout(q, k_cache)
+        num_tokens, num_heads, head_dim = q.shape
+        block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
+        query_start_loc = _i32(xp, query_start_loc)
+        num_seqs = len(query_start_loc) - 1
+        out = xp.empty_like(q)
+        if num_tokens == 0 or num_seqs == 0:
+            return out
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # GPU: a sync
+        grid = (-(-max_query_len * q_per_kv // PREFILL_ROWS), num_kv_heads, num_seqs)
+        self.launch(f"paged_prefill<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>", grid,
+                    (NUM_THREADS,),
+                    (out, xp.ascontiguousarray(q), k_cache, v_cache, block_tables, context_lens,
+                     query_start_loc, np.int32(block_tables.shape[1]), np.int32(block_size),
+                     np.int32(num_kv_heads), np.int32(q_per_kv), np.float32(scale)))
+        return out

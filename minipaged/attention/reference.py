@@ -1,0 +1,85 @@
+"""Paged attention in NumPy: the executable specification the kernels are tested against.
+
+Each sequence's keys and values are gathered from its frames through its block table into
+contiguous arrays; then attention is the usual softmax(q k^T * scale) v, in float32, over the
+positions each query may see. Vectorized over sequences, so the model also uses it on a CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Store each new token's K and V rows in its slot = frame * block_size + offset; -1 skips."""
+    block_size = k_cache.shape[1]
+    slots = np.asarray(slot_mapping)
+    keep = slots >= 0
+    frames, offsets = slots[keep] // block_size, slots[keep] % block_size
+    k_cache[frames, offsets] = k[keep]                 # (kept tokens, num_kv_heads, head_dim)
+    v_cache[frames, offsets] = v[keep]
+
+
+def copy_blocks(k_cache, v_cache, pairs) -> None:
+    """Copy-on-write: for each (src, dst) pair, frame dst becomes a copy of frame src."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    k_cache[pairs[:, 1]] = k_cache[pairs[:, 0]]
+    v_cache[pairs[:, 1]] = v_cache[pairs[:, 0]]
+
+
+def gather(cache, block_tables, context_lens, num_positions: int) -> np.ndarray:
+    """K (or V) of positions 0..num_positions-1 of each sequence, read through the block tables:
+    float32 (num_seqs, num_positions, num_kv_heads, head_dim), zero past each context (the
+    slots there may hold anything, even NaN)."""
+    block_size = cache.shape[1]
+    num_pages = -(-num_positions // block_size)
+    frames = np.maximum(block_tables[:, :num_pages], 0)     # -1 padding: any frame, zeroed below
+    pages = cache[frames]                                   # (S, pages, block_size, kvh, hd)
+    rows = pages.reshape(len(frames), num_pages * block_size, *cache.shape[2:])
+    rows = rows[:, :num_positions]                          # (S, positions, kvh, hd)
+    inside = np.arange(num_positions) < np.asarray(context_lens)[:, None]   # (S, positions)
+    return np.where(inside[:, :, None, None], rows, 0).astype(np.float32, copy=False)
+
+
+def attend(q, keys, values, visible, scale) -> np.ndarray:
+    """softmax(q k^T * scale) v over the visible positions, for a batch of sequences.
+    q (S, queries, num_heads, hd); keys, values (S, positions, kvh, hd); visible (S, queries,
+    positions) bool. Query head h uses KV head h // (num_heads // kvh)."""
+    num_seqs, num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[2]
+    q = q.astype(np.float32).reshape(num_seqs, num_queries, num_kv_heads, -1, head_dim)
+    q = q.transpose(0, 2, 3, 1, 4)                          # (S, kvh, group, queries, hd)
+    k = keys.transpose(0, 2, 3, 1)[:, :, None]              # (S, kvh, 1, hd, positions)
+    v = values.transpose(0, 2, 1, 3)[:, :, None]            # (S, kvh, 1, positions, hd)
+    logits = (q @ k) * scale                                # (S, kvh, group, queries, positions)
+    logits = np.where(visible[:, None, None], logits, -np.inf)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    out = (p @ v) / p.sum(axis=-1, keepdims=True)           # (S, kvh, group, queries, hd)
+    return out.transpose(0, 3, 1, 2, 4).reshape(num_seqs, num_queries, num_heads, head_dim)
+
+
+def decode(q, k_cache, v_cache, block_tables, context_lens, scale) -> np.ndarray:
+    """One query per sequence, the last of its context_lens[i] tokens: it sees them all.
+    q (num_seqs, num_heads, head_dim) -> (num_seqs, num_heads, head_dim)."""
+    context_lens = np.asarray(context_lens)
+    num_positions = int(context_lens.max(initial=0))
+    keys = gather(k_cache, block_tables, context_lens, num_positions)
+    values = gather(v_cache, block_tables, context_lens, num_positions)
+    visible = np.arange(num_positions) < context_lens[:, None, None]       # (S, 1, positions)
+    return attend(q[:, None], keys, values, visible, scale)[:, 0].astype(q.dtype)
+
+
+def prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale) -> np.ndarray:
+    """Many queries per sequence: rows query_start_loc[i]:query_start_loc[i+1] of q are the last
+    query_len of sequence i's context_lens[i] tokens; the query at position p sees 0..p (causal).
+    q (num_tokens, num_heads, head_dim) -> the same shape."""
+    out = np.empty_like(q)
+    for i, context_len in enumerate(np.asarray(context_lens)):
+        start, end = query_start_loc[i], query_start_loc[i + 1]
+        table = np.asarray(block_tables)[i : i + 1]
+        keys = gather(k_cache, table, [context_len], context_len)    # (1, context_len, kvh, hd)
+        values = gather(v_cache, table, [context_len], context_len)
+        positions = context_len - (end - start) + np.arange(end - start)     # of the queries
+        visible = np.arange(context_len) <= positions[:, None]       # (queries, context_len)
+        out[start:end] = attend(q[None, start:end], keys, values, visible[None], scale)[0]
+    return out

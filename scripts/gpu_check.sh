@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every GPU check in one command, for a machine with a CUDA GPU and CuPy (under 5 minutes):
+# the GPU tests (tests/test_*gpu*.py: kernels vs the NumPy reference, the model on CuPy vs NumPy),
+# then the kernel benchmark, with a description of the device. Results go to $OUT, by default
+# bench/results/<date>-<gpu>/, to be committed:
+#     device.txt       nvidia-smi, CuPy and CUDA versions
+#     gpu-tests.txt    pytest -m gpu
+#     kernel.json      python -m minipaged.bench kernel --json (one row per shape and version)
+#     kernel.txt       the same as a table
+# Run from anywhere:  PYTHONPATH=. bash scripts/gpu_check.sh   (PYTHON=... picks the interpreter)
+# Exit status: non-zero if a test or the benchmark failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpu=$(echo "$gpu" | tr -c 'A-Za-z0-9\n' '-')
+OUT=${OUT:-bench/results/$(date +%Y-%m-%d)-${gpu:-no-gpu}}
+mkdir -p "$OUT"
+
+{ nvidia-smi; "$PYTHON" -c "import cupy, numpy; print('cupy', cupy.__version__, '| numpy',
+numpy.__version__, '| CUDA runtime', cupy.cuda.runtime.runtimeGetVersion(), '| driver',
+cupy.cuda.runtime.driverGetVersion())"; } > "$OUT/device.txt" 2>&1
+
+echo "== GPU tests (the files tests/test_*gpu*.py)"
+timeout 170 "$PYTHON" -m pytest -q -m gpu -p no:cacheprovider tests/test_*gpu*.py 2>&1 |
+    tee "$OUT/gpu-tests.txt"
+tests=${PIPESTATUS[0]}
+
+echo "== kernel benchmark"
+timeout 120 "$PYTHON" -m minipaged.bench kernel --json > "$OUT/kernel.json"
+bench=$?
+[ "$bench" -eq 0 ] &&
+    "$PYTHON" -m minipaged.attention.kernel_bench "$OUT/kernel.json" | tee "$OUT/kernel.txt"
+
+echo "results in $OUT (tests exit $tests, benchmark exit $bench)"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -1,0 +1,12 @@
+"""python -m minipaged.bench kernel without a GPU: a clear message, not a traceback."""
+
+import pytest
+
+from minipaged import bench
+from minipaged.backend import cuda_available
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has a GPU: the benchmark would run")
+def test_the_kernel_benchmark_says_it_needs_a_cuda_device():
+    with pytest.raises(SystemExit, match="needs a CUDA device.*minipaged.attention.emulated"):
+        bench.main(["kernel", "--json"])

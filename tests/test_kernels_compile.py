@@ -1,0 +1,54 @@
+"""The .cu files compile with NVRTC for sm_80 (A100) and sm_90 (H100, H200), on any machine,
+and the compiler's report backs what the kernels' comments claim."""
+
+import multiprocessing
+import re
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from minipaged.attention import kernels, nvrtc
+
+ARCHS = ("sm_80", "sm_90")
+GROUP_SIZES = (1, 3, 8)   # v5/v6 instances compiled here; a GPU compiles the one it needs
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Each (source, arch) compiled once. NVRTC holds the GIL, so two processes share the work."""
+    jobs = {(source, arch): (path, kernels.kernel_names(source, GROUP_SIZES), arch)
+            for source, path in kernels.SOURCES.items() for arch in ARCHS}
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {key: pool.submit(nvrtc.compile_cu, *job) for key, job in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}   # raises with NVRTC's log
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("source", sorted(kernels.SOURCES))
+def test_every_kernel_compiles_without_warnings(compiled, source, arch):
+    result = compiled[source, arch]
+    assert sorted(result.kernels) == sorted(kernels.kernel_names(source, GROUP_SIZES))
+    assert "warning" not in result.log, result.log
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_kernel_spills_registers(compiled, arch):
+    spilled = {name: report.spill_bytes for source in kernels.SOURCES
+               for name, report in compiled[source, arch].kernels.items() if report.spill_bytes}
+    assert spilled == {}
+
+
+def test_loads_are_16_bytes_wide_from_v2_on(compiled):
+    """v1 reads K/V one element per instruction; v2 on (and prefill) with 16-byte vector loads."""
+    ptx = compiled["paged_attention", "sm_90"].ptx
+    wide = {name: bool(re.search(r"ld\.global(\.nc)?\.v4\.", text)) for name, text in ptx.items()}
+    assert not any(wide[name] for name in wide if name.startswith("paged_attention_v1<"))
+    assert all(wide[name] for name in wide
+               if re.match(r"paged_attention_v[2-6]<|paged_prefill<", name))
+
+
+def test_a_compile_error_shows_nvrtcs_log(tmp_path):
+    broken = tmp_path / "broken.cu"
+    broken.write_text("template <typename T> __global__ void k(T* x) { x[0] = undefined_name; }\n")
+    with pytest.raises(nvrtc.CompileError, match="undefined_name"):
+        nvrtc.compile_cu(broken, ["k<float>"], "sm_90")
