@@ -7,6 +7,7 @@
 #     gpu-tests.txt    pytest -m gpu
 #     kernel.json      python -m minipaged.bench kernel --json (one row per shape and version)
 #     kernel.txt       the same as a table
+#     throughput.json  python -m minipaged.bench throughput on CuPy (continuous vs static)
 # Run from anywhere:  PYTHONPATH=. bash scripts/gpu_check.sh   (PYTHON=... picks the interpreter)
 # Exit status: non-zero if a test or the benchmark failed.
 set -uo pipefail
@@ -33,5 +34,11 @@ bench=$?
 [ "$bench" -eq 0 ] &&
     "$PYTHON" -m minipaged.attention.kernel_bench "$OUT/kernel.json" | tee "$OUT/kernel.txt"
 
-echo "results in $OUT (tests exit $tests, benchmark exit $bench)"
-[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
+echo "== throughput: continuous vs static batching on CuPy (random weights, SmolLM2-135M's shapes)"
+"$PYTHON" scripts/write_random_model.py "${TMPDIR:-/tmp}/smol-random" --dtype float16 > /dev/null &&
+    timeout 150 "$PYTHON" -m minipaged.bench throughput --model "${TMPDIR:-/tmp}/smol-random" \
+        --device cuda --requests 64 --json > "$OUT/throughput.json"
+throughput=$?
+
+echo "results in $OUT (tests exit $tests, kernel benchmark exit $bench, throughput exit $throughput)"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$throughput" -eq 0 ]

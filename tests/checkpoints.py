@@ -25,10 +25,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['conten
 
 def write_checkpoint(folder, *, arch="LlamaForCausalLM", hidden=64, layers=2, heads=4,
                      kv_heads=2, intermediate=96, tied=True, bias=False, dtype="float32",
-                     rope_scaling=None, max_positions=256, seed=0) -> Path:
+                     rope_scaling=None, max_positions=256, seed=0, vocab_size=None) -> Path:
+    """vocab_size pads the word list with w0, w1, ... (for real-sized output layers)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = len(WORDS)
+    words = WORDS + [f"w{i}" for i in range((vocab_size or 0) - len(WORDS))]
+    vocab = len(words)
     head_dim = hidden // heads
     config = {
         "architectures": [arch], "model_type": "qwen2" if arch.startswith("Qwen2") else "llama",
@@ -73,7 +75,7 @@ def write_checkpoint(folder, *, arch="LlamaForCausalLM", hidden=64, layers=2, he
     write_safetensors(folder / "model.safetensors", tensors, dtype)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
-    write_tokenizer(folder)
+    write_tokenizer(folder, words)
     return folder
 
 
@@ -102,10 +104,10 @@ def bf16_round(array: np.ndarray) -> np.ndarray:
     return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
 
 
-def write_tokenizer(folder: Path) -> None:
+def write_tokenizer(folder: Path, words: list[str] = WORDS) -> None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tokenizer.add_special_tokens([AddedToken(w, special=True) for w in WORDS[:5]])
