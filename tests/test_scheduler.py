@@ -237,3 +237,20 @@ def test_step_report_prints_what_happened(folder):
     assert "1 prefill + 0 decode (10 tokens" in str(first)
     second = llm.engine.step()
     assert second.copies == 1 and [kind for *_, kind, _ in second.ran] == ["decode", "decode"]
+
+
+def test_beams_share_frames_and_dropped_beams_free_theirs(folder):
+    llm = make_llm(folder, block_size=4, enable_prefix_caching=False)
+    engine, blocks = llm.engine, llm.engine.blocks
+    engine.add_request("beam", {"prompt_token_ids": list(range(3, 33))},
+                       SamplingParams(beam_width=4, max_tokens=12, ignore_eos=True))
+    shared = private = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        used = blocks.device.num_blocks - blocks.num_free_frames
+        assert used == len(set().union(*(t.frames for t in blocks.tables.values()))) if blocks.tables else used == 0
+        assert len(blocks.tables) <= 4                     # dropped beams left the block manager
+        shared += used
+        private += sum(len(t.frames) for t in blocks.tables.values())
+    assert shared < 0.5 * private                          # the 30-token prompt is held once, not 4 times
+    assert_all_frames_back(llm)
