@@ -172,13 +172,16 @@ class BlockManager:
                            internal_waste=waste, reserved_unused=0,
                            shared_frames=int(np.count_nonzero(self.device.ref_counts > 1)))
 
-    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Frames of the longest run of cached full blocks that starts the prompt, within its
-        first len - 1 tokens (the last token is always computed)."""
+    def cached_frames(self, token_ids: Sequence[int]) -> list[int]:
+        """Frames of the prefix cache holding the longest run of full blocks that starts
+        `token_ids`, in logical order: the page table a sequence of these tokens would get
+        for free, even after every sequence that wrote those frames was freed. Looks only:
+        no ref count and no LRU position changes."""
         cache, frames, prev = self.device.prefix_cache, [], None
         if cache is None:
             return frames
-        for start in range(0, len(token_ids) - self.block_size, self.block_size):
+        token_ids = list(token_ids)
+        for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             block = token_ids[start:start + self.block_size]
             frame = cache.lookup(prev, block)
             if frame is None:
@@ -186,6 +189,11 @@ class BlockManager:
             frames.append(frame)
             prev = block_hash(prev, block)
         return frames
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """cached_frames() within the prompt's first len - 1 tokens (the last token is always
+        computed: the model needs its logits)."""
+        return self.cached_frames(token_ids[:-1])
 
     def _move(self, seq_ids, src: BlockAllocator, dst: BlockAllocator) -> list[tuple[int, int]]:
         """Copy-by-bookkeeping of whole tables from one pool to the other; returns (src, dst) frames."""
