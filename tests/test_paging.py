@@ -218,11 +218,12 @@ def test_a_swapped_out_sequence_must_come_back_before_it_grows():
 # ---- KV storage -----------------------------------------------------------------------------------
 
 def test_kv_cache_shapes_writes_and_copy_on_write_pairs():
+    from minipaged.attention import reference
     kv = KVCache(num_layers=3, num_blocks=5, num_kv_heads=2, head_dim=4, block_size=4,
                  dtype="float32", device="cpu")
     assert kv.k.shape == kv.v.shape == (3, 5, 4, 2, 4) and kv.dtype == np.float32
     k = np.arange(16, dtype=np.float32).reshape(2, 2, 4)   # (tokens, kv_heads, head_dim)
-    kv.write(1, np.array([5, 6]), k, -k)                   # slots 5 and 6: frame 1, offsets 1 and 2
+    reference.write_kv(k, -k, kv.k[1], kv.v[1], np.array([5, 6]))  # slots 5, 6: frame 1, offsets 1, 2
     np.testing.assert_array_equal(kv.k[1, 1, 1:3], k)
     kv.copy_blocks([(1, 3), (3, 4)])                       # sources are read before any write
     np.testing.assert_array_equal(kv.v[1, 3], kv.v[1, 1])
@@ -232,6 +233,7 @@ def test_kv_cache_shapes_writes_and_copy_on_write_pairs():
 
 @pytest.mark.gpu
 def test_kv_cache_on_the_gpu_moves_k_and_v_like_numpy():
+    from minipaged.attention import get_attention
     from minipaged.backend import to_numpy
     caches = [KVCache(num_layers=2, num_blocks=6, num_kv_heads=2, head_dim=4, block_size=4,
                       num_host_blocks=3, dtype="float16", device=device) for device in ("cpu", "cuda")]
@@ -239,7 +241,8 @@ def test_kv_cache_on_the_gpu_moves_k_and_v_like_numpy():
     new = np.ones((3, 2, 4), dtype=np.float16)                 # (tokens, kv_heads, head_dim)
     for kv in caches:
         kv.data[:] = kv.xp.asarray(start)
-        kv.write(1, np.array([0, 9, 23]), kv.xp.asarray(new), kv.xp.asarray(-new))
+        slots = kv.xp.asarray(np.array([0, 9, 23], dtype=np.int32))
+        get_attention(kv.device).write_kv(kv.xp.asarray(new), kv.xp.asarray(-new), kv.k[1], kv.v[1], slots)
         kv.copy_blocks([(0, 5), (2, 4)])
         kv.swap_out([(5, 0), (1, 2)])
         kv.swap_in([(2, 3)])

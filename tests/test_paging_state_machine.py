@@ -13,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from minipaged.attention import reference
 from minipaged.paging import BlockManager, KVCache, NoFreeFramesError, block_hash
 
 BLOCK, FRAMES, HOST_FRAMES, LAYERS = 4, 14, 8, 2
@@ -57,7 +58,7 @@ class PagingMachine(RuleBasedStateMachine):
         k = np.array(seq[start:], dtype=np.float64).reshape(-1, 1, 1)                      # (n, 1, 1)
         v = np.array([fingerprint(seq[:p + 1]) for p in range(start, len(seq))]).reshape(-1, 1, 1)
         for layer in range(LAYERS):
-            self.kv.write(layer, np.asarray(slots), k, v)
+            reference.write_kv(k, v, self.kv.k[layer], self.kv.v[layer], np.asarray(slots))
 
     def add(self, prompt: list[int]) -> None:
         seq_id, before = self.next_id, self.snapshot()

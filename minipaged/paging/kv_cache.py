@@ -2,7 +2,8 @@
 
 One allocation holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a
 host (NumPy) pool of the same shape for swapped-out frames. The block manager decides where
-tokens go; this module only moves K and V: new tokens into slots, copy-on-write pairs, swaps.
+tokens go; this module moves whole frames (copy-on-write pairs, swaps). New tokens' K and V are
+written into their slots by the attention layer (`write_kv` of minipaged.attention).
 """
 
 from __future__ import annotations
@@ -83,13 +84,6 @@ class KVCache:
     @property
     def block_size(self) -> int:
         return self.data.shape[3]
-
-    def write(self, layer: int, slot_mapping, k, v) -> None:
-        """Store new tokens' K and V, each (num_tokens, kv_heads, head_dim), at their slots."""
-        _, _, num_blocks, block_size, heads, dim = self.data.shape
-        slot_mapping = self.xp.asarray(slot_mapping)  # (num_tokens,)
-        self.k[layer].reshape(num_blocks * block_size, heads, dim)[slot_mapping] = k
-        self.v[layer].reshape(num_blocks * block_size, heads, dim)[slot_mapping] = v
 
     def copy_blocks(self, pairs) -> None:
         """Apply copy-on-write (src, dst) frame pairs in every layer, K and V. All sources are
