@@ -40,6 +40,16 @@ def exercise(number: int, question: str, solution: str) -> list:
     return [md(f"**Exercise {number}.** " + dedent(question).strip()), answer]
 
 
+def exercises_heading():
+    """The notebook's last section opens with this (then its exercise() pairs)."""
+    return md("""
+    ## Exercises
+
+    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
+    the bar at its left or the "…").
+    """)
+
+
 def notebook(cells: list):
     nb = new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
     for i, cell in enumerate(nb.cells):
@@ -263,12 +273,7 @@ KV_CACHE_WASTE = [
         f"**{static['slots_per_request'] / paged['slots_per_request']:.1f}×** as many requests running: "
         f"bigger batches are where vLLM's higher throughput comes from."))
     """),
-    md("""
-    ## Exercises
-
-    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
-    the bar at its left or the "…").
-    """),
+    exercises_heading(),
     *exercise(1, """
     SmolLM2 accepts up to `llm.max_model_len` tokens. Reserve that much per request instead of
     `max_model_len`, still with 64 requests running (so the pool grows with it). What utilization
@@ -514,12 +519,7 @@ PAGE_TABLES = [
     found 16 to 128 best on the ShareGPT traces and made 16 vLLM's default, large enough for the
     GPU and small enough to waste little. Notebook 3 times minipaged's own kernel.
     """),
-    md("""
-    ## Exercises
-
-    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
-    the bar at its left or the "…").
-    """),
+    exercises_heading(),
     *exercise(1, """
     A sequence of 37 tokens at block size 16: how many frames does it take, and how many slots
     stay empty? Predict, then check with a fresh `BlockManager`.
@@ -677,19 +677,22 @@ KERNEL = [
 
     To run the kernel we need what the engine would hand it: a KV cache holding two sequences'
     keys and values in scattered frames, their block tables and context lengths, and one query
-    per sequence. A `BlockManager` decides where the tokens go, exactly as in notebook 2: s1
-    (a 6-token prompt) and s2 (5 tokens) then decode eight tokens each, in turn, so their frames
-    interleave. The sizes are SmolLM2's where it matters, 3 query heads per KV head and
-    `head_dim` 64, with one KV head and blocks of 4 slots so that the pictures fit.
+    per sequence. A `BlockManager` decides where the tokens go: the very batch of notebook 2,
+    s1 (a 6-token prompt and 8 generated tokens) and s2 (a 5-token prompt), then both decoding
+    in turn, so that their frames interleave. The sizes are SmolLM2's where it matters, 3 query
+    heads per KV head and `head_dim` 64, with one KV head and blocks of 4 slots so that the
+    pictures fit.
     """),
     code("""
     block_size, num_kv_heads, num_heads, head_dim = 4, 1, 3, 64
     manager = BlockManager(num_blocks=12, block_size=block_size, enable_prefix_caching=False)
-    manager.allocate("s1", list(range(6)))  # token ids do not matter here: only where tokens go
-    manager.allocate("s2", list(range(5)))
-    for token in range(8):
+    manager.allocate("s1", [101, 102, 103, 104, 105, 106])  # token ids do not matter to attention
+    for token in range(200, 208):
         manager.append_slot("s1", token)
-        manager.append_slot("s2", token)
+    manager.allocate("s2", [301, 302, 303, 304, 305])
+    for step in range(6):
+        manager.append_slot("s1", 400 + step)
+        manager.append_slot("s2", 500 + step)
     seqs = ["s1", "s2"]
     PageTableView(manager, seqs)
     """),
@@ -809,12 +812,12 @@ KERNEL = [
     ## Napkin math: what one decode step must read
 
     A decode step does little arithmetic per byte. For every token of its context, a query
-    reads that token's key and value (`head_dim` numbers each, per KV head) and does about two
-    multiply-adds per number read for each of its query heads. A GPU does hundreds of
-    multiply-adds in the time it loads one number from memory, so the kernel waits on memory,
-    and its floor is simple: bytes that must be read ÷ memory bandwidth. An H200 moves
-    4.8 TB/s. Take SmolLM2 serving a full batch: 64 sequences with 1,024 tokens of context
-    each, in float16 as on a GPU.
+    reads that token's key and value (`head_dim` numbers each, per KV head) and does one
+    multiply-add per number read for each of its query heads. A GPU does dozens of
+    multiply-adds (hundreds on its tensor cores) in the time it loads one number from memory,
+    so the kernel waits on memory, and its floor is simple: bytes that must be read ÷ memory
+    bandwidth. An H200 moves 4.8 TB/s. Take SmolLM2 serving a full batch: 64 sequences with
+    1,024 tokens of context each, in float16 as on a GPU.
     """),
     code("""
     from minipaged.attention.kernel_bench import Shape
@@ -852,9 +855,10 @@ KERNEL = [
     The fractions in that chart are published measurements on an H100, quoted by this project's
     brief: FlashInfer's kernels reach about 88% of peak memory bandwidth, vLLM's paged kernels
     about 85% with multi-head attention but only about 28% with grouped-query attention, where
-    several query heads share a KV head (SmolLM2 has 3 per KV head). A kernel that reads each
-    key once per query head instead of once per group pays for it: that is minipaged's v5.
-    `python -m minipaged.bench kernel` measures minipaged's own versions the same way.
+    several query heads share a KV head (SmolLM2 has 3 per KV head). A kernel that gives each
+    query head its own block, as v1–v4 here and vLLM's paged kernels do, reads each key once
+    per query head rather than once per group; minipaged's v5 reads it once for the group.
+    `python -m minipaged.bench kernel` measures minipaged's own versions against this floor.
 
     ## On a GPU
 
@@ -874,8 +878,7 @@ KERNEL = [
         on_gpu = [cupy.asarray(a) for a in (q, k_cache, v_cache, arrays.block_tables, arrays.context_lens)]
         for version in kernels.VERSIONS:
             out = cupy.asnumpy(cuda.decode(*on_gpu, scale, version=version, partition_size=8))
-            print(f"v{version} on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: "
-                  f"max error {np.abs(out - expected).max():.1e}")
+            print(f"v{version} on the GPU: max error against the reference {np.abs(out - expected).max():.1e}")
     """),
     code("""
     if not cuda_available():
@@ -893,29 +896,24 @@ KERNEL = [
                          f"{best['peak_fraction']:.0%} of peak, {v1['seconds'] / best['seconds']:.1f}× "
                          f"faster than v1."))
     """),
-    md("""
-    ## Exercises
-
-    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
-    the bar at its left or the "…").
-    """),
+    exercises_heading(),
     *exercise(1, """
-    Compaction is never needed. Move s1 to other frames: copy its frames into free ones with
+    Compaction is never needed. Move s2 to other frames: copy its frames into free ones with
     `emulated.copy_blocks(k_cache, v_cache, pairs)` (the copy-on-write kernel; `pairs` is a list
-    of (source, destination) frames), change s1's row of the block table to match, and run v1
+    of (source, destination) frames), change s2's row of the block table to match, and run v1
     again. Does anything in the output change?
     """, """
     used = {int(f) for f in arrays.block_tables.ravel() if f >= 0}
     free = [f for f in range(k_cache.shape[0]) if f not in used]
-    old = arrays.block_tables[0, :len(manager.block_table("s1"))].tolist()
+    old = manager.block_table("s2")
     pairs = list(zip(old, free))
-    assert len(pairs) == len(old), "not enough free frames to move s1"
+    assert len(pairs) == len(old), "not enough free frames to move s2"
     moved_k, moved_v = k_cache.copy(), v_cache.copy()
     emulated.copy_blocks(moved_k, moved_v, pairs)
     moved_tables = arrays.block_tables.copy()
-    moved_tables[0, :len(old)] = [dst for _, dst in pairs]
+    moved_tables[1, :len(old)] = [dst for _, dst in pairs]
     out = emulated.decode(q, moved_k, moved_v, moved_tables, arrays.context_lens, scale, version=1)
-    print(f"s1 moved from frames {old} to {[dst for _, dst in pairs]}; "
+    print(f"s2 moved from frames {old} to {[dst for _, dst in pairs]}; "
           f"largest change in the output: {np.abs(out - out_v1).max():.1e}")
     # Nothing changes (up to zero): the kernel only ever sees frames through the block table.
     """),
@@ -1145,12 +1143,7 @@ SHARING = [
         f"{computed} were computed. Both requests have finished, so nobody maps any frame now: the `c` "
         f"frames are the cache, kept until memory is needed."))
     """),
-    md("""
-    ## Exercises
-
-    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
-    the bar at its left or the "…").
-    """),
+    exercises_heading(),
     *exercise(1, """
     Take a prompt whose length is a multiple of the block size, say the first 32 tokens of
     `prompt_ids`, and ask for `n=4` samples on a fresh engine. How many copies does the first
@@ -1165,7 +1158,7 @@ SHARING = [
     # No copy: the shared last frame is full, so each sample's token opens a new logical block
     # and takes a fresh frame of its own (demand paging). Copy-on-write only happens inside a
     # partly filled shared frame.
-    serve(engine)
+    _ = serve(engine)  # finish the request: its frames come back
     """),
     *exercise(2, """
     A new conversation with the same system prompt but another question. How many of its tokens
@@ -1225,7 +1218,7 @@ BATCHING = [
     from minipaged.engine import EngineConfig, LLMEngine
     from minipaged.viz import BarChart, Timeline
 
-    llm = LLM()
+    llm = LLM(num_blocks=64)  # its own engine stays idle: each section below makes a fresh one
     print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 
 
@@ -1254,7 +1247,7 @@ BATCHING = [
             engine.add_request(f"q{i}", prompt, SamplingParams(temperature=0, max_tokens=length, ignore_eos=True))
 
 
-    engine = new_engine(max_num_seqs=4)
+    engine = new_engine(max_num_seqs=4, num_blocks=64)
     add_questions(engine)
     print("waiting:", [r.request_id for r in engine.scheduler.waiting])
     reports = []
@@ -1290,7 +1283,6 @@ BATCHING = [
             started_at.setdefault(rid, r.step)
     first_done = min(finished_at, key=finished_at.get)
     joined = [rid for rid, step in started_at.items() if step == finished_at[first_done] + 1]
-    print(Timeline(reports))
     display(Markdown(
         f"{first_done} was the shortest answer: it finished at step {finished_at[first_done]}, and "
         f"{', '.join(joined)} joined at step {finished_at[first_done] + 1}, the very next step, while the "
@@ -1310,9 +1302,9 @@ BATCHING = [
     - **swaps**: copies its frames to a pool in host memory (`swap_out`), and when frames are
       free again copies them back (`swap_in`) and carries on decoding.
 
-    Recompute costs computation, swap costs transfers; on a GPU, recomputing a short sequence
-    is often cheaper than moving it over PCIe, which is why vLLM recomputes by default. The same
-    six questions, on a pool of only 12 frames of 8 slots:
+    Recompute costs computation, swap costs transfers between host and GPU memory. The paper
+    found them comparable end to end at the usual block sizes; vLLM recomputes by default, and
+    so does minipaged. The same six questions, on a pool of only 12 frames of 8 slots:
     """),
     code("""
     runs = {}
@@ -1374,7 +1366,7 @@ BATCHING = [
         tokens = sum(len(c.token_ids) for r in steps for o in r.finished for c in o.outputs)
         results[scheduler] = {"seconds": seconds, "tokens": tokens, "reports": steps,
                               "tokens_per_s": tokens / seconds, "padding": sum(r.padding for r in steps),
-                              "mean_batch": np.mean([len(r.ran) for r in steps])}
+                              "rows": sum(len(r.ran) + r.padding for r in steps)}  # sequences computed
         print(f"{scheduler:>10}: {tokens} tokens in {seconds:.1f} s, {len(steps)} steps, "
               f"{tokens / seconds:.1f} tokens/s")
     """),
@@ -1389,33 +1381,33 @@ BATCHING = [
     display(Markdown(
         f"Continuous batching served the same {cont['tokens']} tokens **{ratio:.1f}×** as fast "
         f"({cont['tokens_per_s']:.1f} against {static['tokens_per_s']:.1f} tokens/s), in {len(cont['reports'])} "
-        f"steps against {len(static['reports'])}. Two causes, both in the timelines: the static engine ran "
-        f"{static['mean_batch']:.1f} rows per step on average, {static['padding']} of them padding for requests "
-        f"already done, because its reservations left room for 4 requests; the continuous one ran "
-        f"{cont['mean_batch']:.1f}, every one useful, because paging let it admit requests as long as their "
-        f"frames fit. A step over a larger batch costs little more than over a small one, on a CPU's "
-        f"BLAS and even more so on a GPU, so more tokens per step means more tokens per second."))
+        f"steps against {len(static['reports'])}. Two causes, both in the timelines. The static engine computed "
+        f"{static['rows'] / len(static['reports']):.1f} sequences per step on average, because its reservations "
+        f"left room for 4 requests at a time, and {static['padding']} of its {static['rows']} rows were padding "
+        f"for requests already done. The continuous engine computed {cont['rows'] / len(cont['reports']):.1f} per "
+        f"step, every one useful, because paging let it admit requests as long as their frames fit. A step over a "
+        f"larger batch costs little more than over a small one, on a CPU's BLAS and even more so on a GPU, so "
+        f"more tokens per step means more tokens per second."))
     """),
-    md("""
-    ## Exercises
-
-    Try each one before you open its solution: the collapsed cell under it (in JupyterLab, click
-    the bar at its left or the "…").
-    """),
+    exercises_heading(),
     *exercise(1, """
-    Abort a request: add the six questions to a fresh engine, take three steps, then
-    `engine.abort_request("q4")`. What does it return, and how many frames come back?
+    Abort requests: add the six questions to a fresh engine, take three steps, then
+    `engine.abort_request(...)` one that is running (q0) and one still waiting (q4). What does
+    each return, and how many frames come back? Then watch the next step's report.
     """, """
-    engine = new_engine(max_num_seqs=4)
+    engine = new_engine(max_num_seqs=4, num_blocks=64)
     add_questions(engine)
     for _ in range(3):
         engine.step()
-    free_before = engine.blocks.num_free_frames
-    aborted = engine.abort_request("q4")
-    print(f"{aborted.request_id}: finish_reason {aborted.outputs[0].finish_reason!r}, "
-          f"{len(aborted.outputs[0].token_ids)} tokens; frames freed: {engine.blocks.num_free_frames - free_before}")
-    # q4 was still waiting (4 sequences were running), so it had no frames and none come back.
-    # Abort q0 instead, a running request, and its frames return at once.
+    for request_id in ("q0", "q4"):
+        free_before = engine.blocks.num_free_frames
+        aborted = engine.abort_request(request_id)
+        print(f"{request_id}: finish_reason {aborted.outputs[0].finish_reason!r}, "
+              f"{len(aborted.outputs[0].token_ids)} tokens so far; "
+              f"frames back: {engine.blocks.num_free_frames - free_before}")
+    print(engine.step())
+    # q0's private frames come back at once (its first frame, the shared system prompt, is still
+    # mapped by the others); q4 had none yet. The freed batch slot goes to q5 at the next step.
     while engine.has_unfinished_requests():
         engine.step()
     """),
@@ -1446,7 +1438,213 @@ BATCHING = [
 ]
 
 
-NOTEBOOK_CELLS = {"01_kv_cache_waste": KV_CACHE_WASTE, "02_page_tables": PAGE_TABLES, "03_kernel": KERNEL, "04_sharing": SHARING, "05_batching": BATCHING}
+
+# ---- 6. everything together ------------------------------------------------------------------
+
+SERVING = [
+    md("""
+    # 6. Everything together: serving many chats
+
+    **What you will see** (about 20 minutes):
+    - 24 chat requests served at once by SmolLM2, all sharing one system prompt, each with its
+      own question: the whole engine of notebooks 1–5 at work in one loop of `engine.step()`;
+    - what it costs and what it buys: tokens per second, against answering the same requests
+      one at a time; and the same greedy answers either way;
+    - the KV memory at its peak: the frame map, how much of the allocated memory holds tokens,
+      what sharing the system prompt saved, and what reserving a maximum-length slab per request
+      would have needed instead;
+    - the prefix cache's hits: prompt tokens that were never computed.
+
+    The paper's headline, 2–4× the throughput of FasterTransformer and Orca at the same
+    latency, comes from exactly this combination: paging keeps almost no memory idle, so more
+    requests fit in a batch, and continuous batching keeps the batch full.
+    """),
+    code("""
+    import copy
+    import time
+
+    import numpy as np
+    from IPython.display import Markdown, display
+
+    from minipaged import LLM, SamplingParams
+    from minipaged.paging import bytes_per_frame
+    from minipaged.viz import FrameMap, LineChart, Timeline
+
+    llm = LLM(num_blocks=128)  # a pool of 128 frames of 16 token slots: small enough to see whole
+    engine, blocks = llm.engine, llm.engine.blocks
+    print(f"{llm.model_name} on {llm.device} ({llm.dtype}), loaded in {llm.load_seconds:.1f} s; "
+          f"KV pool of {blocks.device.num_blocks} frames x {blocks.block_size} slots")
+    """),
+    md("""
+    ## The requests
+
+    A tutoring service: one system prompt, then each student's question. Answers are greedy
+    (`temperature=0`) and at most 32 tokens, to keep the run short on a CPU.
+    """),
+    code("""
+    system = ("You are a friendly tutor for an operating systems course. "
+              "Answer in two short sentences, plainly, without lists.")
+    questions = ["What is a page table?", "What is a frame?", "What is demand paging?", "What does fork() do?",
+                 "What is copy-on-write?", "What is swapping?", "What is a page cache?", "What is a TLB?",
+                 "What is virtual memory?", "What is a page fault?", "Why do pages have a fixed size?",
+                 "What is thrashing?", "What is a working set?", "What is memory fragmentation?",
+                 "What is a scheduler?", "What is a context switch?", "What is a process?", "What is a thread?",
+                 "What is a kernel?", "What is a system call?", "What is a mutex?", "What is a deadlock?",
+                 "What is an interrupt?", "What is DMA?"]
+    prompts = [llm.tokenizer.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": q}])
+               for q in questions]
+    params = SamplingParams(temperature=0, max_tokens=32)
+    common = next(i for i in range(min(map(len, prompts))) if len({p[i] for p in prompts}) > 1)
+    display(Markdown(
+        f"{len(prompts)} prompts of {min(map(len, prompts))}–{max(map(len, prompts))} tokens. The first "
+        f"{common}, the chat template and the system prompt, are the same in all of them, and most questions "
+        f"go on alike ('What is a…'): the prefix cache can share every full block of {blocks.block_size} "
+        f"tokens that two prompts have in common."))
+    """),
+    md("""
+    ## Serving them all at once
+
+    All 24 go into the waiting queue; then `step()` until every one is done. At each step we
+    note the frames in use and the frames the same sequences would hold without sharing (the
+    sum of their page tables' lengths), and keep a copy of the block manager at the step when
+    the most frames were in use.
+    """),
+    code("""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"q{i}", {"prompt_token_ids": prompt}, params)
+    reports, used, unshared, outputs = [], [], [], {}
+    peak = None
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        reports.append(engine.step())
+        used.append(blocks.device.num_blocks - blocks.num_free_frames)
+        unshared.append(sum(len(t.frames) for t in blocks.tables.values()))
+        outputs |= {o.request_id: o for o in reports[-1].finished}
+        if used[-1] == max(used):
+            peak = (reports[-1].step, blocks.usage(), copy.deepcopy(blocks))
+    batched_seconds = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs.values())
+    batched_rate = generated / batched_seconds
+    for i in range(3):
+        print(f"{questions[i]} -> {outputs[f'q{i}'].outputs[0].text!r}")
+    display(Markdown(
+        f"**{len(outputs)} answers, {generated} tokens in {batched_seconds:.1f} s: {batched_rate:.1f} tokens/s**, "
+        f"in {len(reports)} steps. Step 0 admitted {len(reports[0].ran)} requests, and each got its first token "
+        f"after {reports[0].seconds:.2f} s: the prefill of all their prompts was one forward pass."))
+    """),
+    code("""
+    Timeline(reports)
+    """),
+    md("""
+    ## Memory at the peak
+
+    The frame map at the step with the most frames in use: a letter per sequence, a digit for a
+    frame several sequences map (`+` for ten or more: the system prompt's), `.` for free.
+    """),
+    code("""
+    peak_step, peak_usage, peak_blocks = peak
+    FrameMap(peak_blocks)
+    """),
+    code("""
+    max_len = llm.max_model_len
+    frame_bytes = bytes_per_frame(llm.model.config.num_layers, llm.model.config.num_kv_heads,
+                                  llm.model.config.head_dim, blocks.block_size, dtype="float16")
+    slabs = len(prompts) * max_len // blocks.block_size  # frames a max_model_len slab per request takes
+    display(Markdown(
+        f"- At step {peak_step}, **{max(used)} frames** were in use for {len(peak_blocks.tables)} sequences; without "
+        f"sharing they would have taken {unshared[peak_step]}. {peak_usage.shared_frames} frames were mapped by "
+        f"several sequences.\\n"
+        f"- Of the slots allocated then, **{peak_usage.utilization:.1%}** held a token's key and value "
+        f"(`blocks.usage()`); the rest, {peak_usage.internal_waste} slots, were the unfilled tails of last blocks, "
+        f"under one block per sequence.\\n"
+        f"- Reserving a slab of `max_model_len` = {max_len:,} tokens per request, as before paging, would have "
+        f"taken {slabs:,} frames for these {len(prompts)} requests, {slabs / max(used):.0f}× the peak here: "
+        f"{slabs * frame_bytes / 2**20:,.0f} MiB in float16 on a GPU against "
+        f"{max(used) * frame_bytes / 2**20:,.1f} MiB."))
+    display(LineChart("KV frames in use at each step", list(range(len(used))),
+                      {"in use (shared prefix)": used, "without sharing": unshared},
+                      x_label="step", y_label="frames", digits=0))
+    """),
+    md("""
+    ## The prefix cache's hits
+    """),
+    code("""
+    prompt_tokens = sum(len(p) for p in prompts)
+    cached = sum(o.num_cached_tokens for o in outputs.values())
+    hits = sum(o.num_cached_tokens > 0 for o in outputs.values())
+    display(Markdown(
+        f"{hits} of {len(outputs)} requests found the system prompt in the prefix cache: **{cached:,} of "
+        f"{prompt_tokens:,} prompt tokens ({cached / prompt_tokens:.0%})** were never computed. The first "
+        f"request admitted computed the shared blocks; the others, admitted in the same step, mapped its "
+        f"frames at once (their keys and values are written before any attention reads them, layer by "
+        f"layer)."))
+    """),
+    md("""
+    ## Against one request at a time
+
+    The first four requests again, each alone: `llm.generate` with one prompt runs the same
+    engine with a batch of one. (Their prompts' shared blocks are still in the prefix cache, as
+    they would be in a server; the decode steps dominate anyway.)
+    """),
+    code("""
+    alone, start = [], time.perf_counter()
+    for prompt in prompts[:4]:
+        alone += llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    alone_seconds = time.perf_counter() - start
+    alone_rate = sum(len(o.outputs[0].token_ids) for o in alone) / alone_seconds
+    same = sum(a.outputs[0].token_ids == outputs[f"q{i}"].outputs[0].token_ids for i, a in enumerate(alone))
+    display(Markdown(
+        f"One at a time: **{alone_rate:.1f} tokens/s**; all {len(prompts)} at once: {batched_rate:.1f} tokens/s, "
+        f"**{batched_rate / alone_rate:.1f}×** as many. A decode step reads every weight of the model once, "
+        f"whatever the batch, so a batch of {len(prompts)} shares that cost {len(prompts)} ways. And "
+        f"{same} of {len(alone)} answers are token for token the ones the batched run gave: batching, paging "
+        f"and sharing change when and where things are computed, not what."))
+    """),
+    exercises_heading(),
+    *exercise(1, """
+    Without the prefix cache: serve the same prompts on an engine with
+    `enable_prefix_caching=False` (use `minipaged.engine.LLMEngine` over `llm.model`, as
+    notebooks 4 and 5 do), with `max_tokens=2` to keep it short. How many frames does step 0
+    take now, against the run above?
+    """, """
+    from minipaged.engine import EngineConfig, LLMEngine
+
+    plain = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_blocks=128, enable_prefix_caching=False),
+                      llm.eos_token_ids)
+    for i, prompt in enumerate(prompts):
+        plain.add_request(f"q{i}", {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=2))
+    first = plain.step()
+    print(f"without the cache: {first.frames_taken} frames, {first.cached_tokens} cached tokens; "
+          f"with it: {reports[0].frames_taken} frames, {reports[0].cached_tokens} cached tokens")
+    while plain.has_unfinished_requests():
+        plain.step()
+    """),
+    *exercise(2, """
+    A pool too small: serve the 24 requests again, with the same `params`, on a new `LLMEngine`
+    of only 48 frames (`EngineConfig(num_blocks=48)`). Count the preemptions and measure
+    tokens/s. Are the answers still the same?
+    """, """
+    from minipaged.engine import EngineConfig, LLMEngine
+
+    small = LLMEngine(llm.model, llm.tokenizer, EngineConfig(num_blocks=48), llm.eos_token_ids)
+    for i, prompt in enumerate(prompts):
+        small.add_request(f"q{i}", {"prompt_token_ids": prompt}, params)
+    squeezed, start, preempted = {}, time.perf_counter(), 0
+    while small.has_unfinished_requests():
+        report = small.step()
+        preempted += len(report.preempted)
+        squeezed |= {o.request_id: o for o in report.finished}
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in squeezed.values())
+    same = sum(squeezed[r].outputs[0].token_ids == outputs[r].outputs[0].token_ids for r in outputs)
+    print(f"{preempted} preemptions, {tokens / seconds:.1f} tokens/s (roomy pool: {batched_rate:.1f}); "
+          f"{same} of {len(outputs)} answers the same")
+    """),
+]
+
+
+NOTEBOOK_CELLS = {"01_kv_cache_waste": KV_CACHE_WASTE, "02_page_tables": PAGE_TABLES, "03_kernel": KERNEL,
+                  "04_sharing": SHARING, "05_batching": BATCHING, "06_serving": SERVING}
 
 
 def build() -> dict:

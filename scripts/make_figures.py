@@ -3,22 +3,35 @@
 Each figure is drawn by minipaged's own pictures (minipaged.viz) from minipaged's own runs, with
 fixed seeds, so the files only change when the code does; tests/test_docs.py regenerates them
 and fails when the committed ones are stale. The numbers come from the same runs as
-`python -m minipaged.bench memory` and the notebooks.
+`python -m minipaged.bench memory` and the notebooks. The batching and serving figures run
+SmolLM2 on the CPU, with random prompts and answers of fixed length (ignore_eos): what gets
+scheduled when depends on token counts only, never on which tokens the model picks, so those
+pictures are the same on every machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from minipaged import LLM, SamplingParams
+from minipaged.attention.kernel_bench import SHAPES
+from minipaged.engine import EngineConfig, LLMEngine
 from minipaged.paging import BlockManager, StaticAllocator
 from minipaged.paging.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
-from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, svg_document
+from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline, svg_document
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 MAX_MODEL_LEN, MAX_NUM_SEQS, BLOCK_SIZE = 2048, 64, 16  # the bench's and notebook 1's setting
 BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+H200_BYTES_PER_S = 4.8e12  # an H200's peak memory bandwidth
+SHARING_WORKLOADS = {  # the paper's datasets' mean lengths, as `python -m minipaged.bench sharing` uses them
+    "Alpaca-like": dict(num_requests=100, min_len=4, max_len=256, prompt_mean=19, output_mean=58),
+    "ShareGPT-like": dict(num_requests=100, min_len=8, max_len=512, prompt_mean=161, output_mean=338)}
 
 
 def cache_growth() -> LineChart:
@@ -95,16 +108,153 @@ def reused_frames() -> BlockManager:
     return manager
 
 
+# ---- 3. the kernel -------------------------------------------------------------------------
+
+def decode_floor() -> BarChart:
+    """The least time one decode-attention call can take on an H200: the K and V it must read,
+    for each shape `python -m minipaged.bench kernel` times, at 4.8 TB/s."""
+    labels, micros = [], []
+    for s in SHAPES:
+        kv_bytes = 2 * s.num_seqs * s.context_len * s.num_kv_heads * s.head_dim * np.dtype(s.dtype).itemsize
+        labels.append(f"{s.num_seqs} x {s.context_len:,} tokens, {s.num_heads}/{s.num_kv_heads} heads, "
+                      f"{s.dtype}: {kv_bytes / 1e6:,.0f} MB")
+        micros.append(kv_bytes / H200_BYTES_PER_S * 1e6)
+    return BarChart("one decode-attention call at an H200's 4.8 TB/s: the least time it takes (µs)",
+                    labels, {"µs": micros}, unit=" µs")
+
+
+# ---- 4. fork and copy-on-write --------------------------------------------------------------
+
+def forked(num_samples: int = 4) -> BlockManager:
+    """A 10-token prompt in frames of 4, fork()ed into `num_samples` samples s0..s3."""
+    manager = BlockManager(num_blocks=12, block_size=4, enable_prefix_caching=False)
+    manager.allocate("s0", list(range(10)))
+    for k in range(1, num_samples):
+        manager.fork("s0", f"s{k}")
+    return manager
+
+
+def copied_on_write() -> BlockManager:
+    """After forked(): each sample writes its first token into the shared, partly full last
+    frame; all but the last writer copy it first."""
+    manager = forked()
+    for seq_id in list(manager.tables):
+        manager.append_slot(seq_id, 100)
+    return manager
+
+
+def sampling_saving(requests, num_samples: int) -> float:
+    """Parallel sampling, paging alone: each prompt allocated once and fork()ed into num_samples
+    samples that then append their answers (all of the request's output length). 1 - frames in
+    use / frames with a private copy per sample, summed over the steps of all requests."""
+    manager = BlockManager(4096, BLOCK_SIZE, enable_prefix_caching=False)
+    used = private = 0
+    for request in requests:
+        samples = list(range(num_samples))  # sequence ids
+        manager.allocate(samples[0], [1] * request.prompt_len)
+        for sample in samples[1:]:
+            manager.fork(samples[0], sample)
+        for _ in range(request.output_len):
+            for sample in samples:
+                manager.append_slot(sample, 1)
+            used += manager.device.num_blocks - manager.num_free_frames
+            private += sum(len(table.frames) for table in manager.tables.values())
+        for sample in samples:
+            manager.free(sample)
+    return 1 - used / private
+
+
+def sharing_savings() -> BarChart:
+    labels, savings = [], []
+    for name, options in SHARING_WORKLOADS.items():
+        requests = make_workload(**options)
+        for n in (2, 4, 6):
+            labels.append(f"{name}, n = {n}")
+            savings.append(100 * sampling_saving(requests, n))
+    return BarChart("parallel sampling: KV memory saved by fork + copy-on-write (% of private copies)",
+                    labels, {"saved": savings}, unit="%")
+
+
+# ---- 5 and 6. the engine at work (SmolLM2 on the CPU) ------------------------------------
+
+def random_requests(num: int, prompt_lens: tuple[int, int], output_lens: tuple[int, int], seed: int = 0,
+                    prefix_len: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, answer length) pairs: random ids, each prompt after one shared prefix."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(100, 10_000, prefix_len).tolist()
+    return [(prefix + rng.integers(100, 10_000, rng.integers(*prompt_lens)).tolist(),
+             int(rng.integers(*output_lens))) for _ in range(num)]
+
+
+def serve(llm: LLM, requests, on_step=lambda engine: None, **options) -> list:
+    """Every request through a fresh engine over llm's model (EngineConfig options); the StepReports.
+    on_step(engine) is called after each step."""
+    engine = LLMEngine(llm.model, llm.tokenizer, EngineConfig(**options), llm.eos_token_ids)
+    for i, (prompt, length) in enumerate(requests):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=length, ignore_eos=True))
+    reports = []
+    while engine.has_unfinished_requests():
+        reports.append(engine.step())
+        on_step(engine)
+    return reports
+
+
+def timelines(llm: LLM) -> dict:
+    """Six requests, continuous and static on the same memory (room for 4 static reservations
+    of 64 tokens), then continuous on a pool too small for them (preemption by recompute)."""
+    requests = random_requests(6, (8, 20), (4, 16))
+    memory = dict(num_blocks=16, block_size=16, max_model_len=64)
+    return {"timeline_continuous.svg": Timeline(serve(llm, requests, **memory)),
+            "timeline_static.svg": Timeline(serve(llm, requests, scheduler="static", **memory)),
+            "timeline_preemption.svg": Timeline(serve(llm, requests, num_blocks=6, block_size=8,
+                                                      enable_prefix_caching=False))}
+
+
+def serving(llm: LLM) -> tuple[LineChart, FrameMap]:
+    """12 requests with one shared 40-token system prompt: frames in use at each step against
+    the sum of the page tables (no sharing), and the frame map at the first step of the peak."""
+    requests = random_requests(12, (6, 14), (12, 13), seed=1, prefix_len=40)
+    used, unshared, peak = [], [], []
+
+    def measure(engine):
+        used.append(engine.blocks.device.num_blocks - engine.blocks.num_free_frames)
+        unshared.append(sum(len(table.frames) for table in engine.blocks.tables.values()))
+        if used[-1] > max(used[:-1], default=-1):
+            peak[:] = [copy.deepcopy(engine.blocks)]
+
+    reports = serve(llm, requests, on_step=measure, num_blocks=48, block_size=16)
+    chart = LineChart(f"{len(requests)} chats sharing a system prompt: KV frames at each step",
+                      list(range(len(reports))), {"in use (prefix shared)": used, "without sharing": unshared},
+                      x_label="step", y_label="frames", digits=0)
+    return chart, FrameMap(peak[0])
+
+
 def figures() -> dict:
     """File name -> picture, every figure of docs/."""
     requests = make_workload(1000)
     waste, table = block_size_sweep(requests)
+    llm = LLM(device="cpu")
+    serving_frames, serving_map = serving(llm)
     return {"cache_growth.svg": cache_growth(),
             "memory_breakdown.svg": memory_breakdown(requests),
             "page_tables.svg": PageTableView(two_sequences(), ["s1", "s2"]),
             "frame_map.svg": FrameMap(reused_frames()),
             "block_size_waste.svg": waste,
-            "block_size_table.svg": table}
+            "block_size_table.svg": table,
+            "decode_floor.svg": decode_floor(),
+            "fork.svg": PageTableView(forked(), ["s0", "s1", "s2", "s3"]),
+            "copy_on_write.svg": PageTableView(copied_on_write(), ["s0", "s1", "s2", "s3"]),
+            "sharing_savings.svg": sharing_savings(),
+            **timelines(llm),
+            "serving_frames.svg": serving_frames,
+            "serving_frame_map.svg": serving_map}
+
+
+def document(picture) -> str:
+    """A picture as a standalone .svg file: svg_document's, but a Timeline draws its own (it is
+    not one of the pictures svg_document knows)."""
+    return picture.svg() if isinstance(picture, Timeline) else svg_document(picture)
 
 
 def write_figures(out: Path = FIGURES) -> dict:
@@ -112,7 +262,7 @@ def write_figures(out: Path = FIGURES) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     pictures = figures()
     for name, picture in pictures.items():
-        (out / name).write_text(svg_document(picture) + "\n", encoding="utf-8")
+        (out / name).write_text(document(picture) + "\n", encoding="utf-8")
         print(f"wrote {out / name}")
     return pictures
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from minipaged.attention.kernel_bench import SHAPES
 from minipaged.paging import bytes_per_frame
-from minipaged.viz import svg_document
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -87,6 +87,64 @@ def test_quoted_numbers_are_the_figures_numbers(regenerated):
     entries = dict(zip(sizes, pictures["block_size_table.svg"].series["entries"]))
     assert f"{waste[16]:.1f}% of the allocated memory at block size 16, {waste[256]:.1f}% at 256" in pages
     assert f"{entries[16]:.1f} entries for a running sequence at block size 16, {entries[1]:.1f} at" in pages
+
+
+def prose(name: str) -> str:
+    """A note's text with every run of white space made one space: a quote may wrap lines."""
+    return " ".join((DOCS / name).read_text().split())
+
+
+def test_kernel_note_quotes_the_napkin_math(regenerated):
+    _, pictures = regenerated
+    note = prose("03_kernel.md")
+    smollm2 = SHAPES[0]   # 64 sequences x 1,024 tokens, SmolLM2's heads, float16
+    kv_layer = 2 * smollm2.num_seqs * smollm2.context_len * smollm2.num_kv_heads * smollm2.head_dim * 2
+    floor = pictures["decode_floor.svg"].segments["µs"][0]
+    assert f"must read {kv_layer / 1e6:.1f} MB of K and V per layer, at least {floor:.1f} µs" in note
+    assert f"Its 30 layers read {30 * kv_layer / 1e9:.1f} GB per decode step" in note
+
+
+def test_sharing_note_quotes_the_figures(regenerated):
+    _, pictures = regenerated
+    note = prose("04_sharing.md")
+    forked, copied = pictures["fork.svg"].manager, pictures["copy_on_write.svg"].manager
+    frames = forked.block_table("s0")
+    assert f"{len(frames)} frames serve what private copies would hold in {4 * len(frames)}" in note
+    tail = forked.tables["s0"].num_tokens % forked.block_size
+    assert f"({tail} of {forked.block_size} slots full)" in note
+    last = [copied.block_table(s)[-1] for s in ("s0", "s1", "s2", "s3")]
+    assert last[3] == frames[-1] and len(set(last)) == 4
+    assert f"(frames {last[0]}, {last[1]} and {last[2]}); s3, the last writer, keeps frame {last[3]}" in note
+    chart = pictures["sharing_savings.svg"]
+    for name, after in (("Alpaca-like", "saved on Alpaca-like"), ("ShareGPT-like", "on ShareGPT-like")):
+        values = [v for label, v in zip(chart.labels, chart.segments["saved"]) if label.startswith(name)]
+        assert f"{min(values):.1f}%–{max(values):.1f}% {after}" in note
+
+
+def test_batching_note_quotes_the_timelines(regenerated):
+    _, pictures = regenerated
+    note = prose("05_batching.md")
+    continuous, static, preemption = (pictures[f"timeline_{kind}.svg"].reports
+                                      for kind in ("continuous", "static", "preemption"))
+    lengths = [len(c.token_ids) for r in continuous for o in r.finished for c in o.outputs]
+    assert f"answers of {min(lengths)} to {max(lengths)} tokens" in note
+    assert max(len(r.ran) + r.padding for r in static) == 4 and "it runs 4 at a time" in note
+    assert (f"padding, {sum(r.padding for r in static)} rows computed for requests already done, "
+            f"and it needs {len(static)} steps") in note
+    assert len(continuous) == max(lengths)
+    assert f"needs {len(continuous)} steps, the length of the longest answer" in note
+    assert f"The red cells are the {sum(len(r.preempted) for r in preemption)} preemptions" in note
+    assert f"{len(preemption)} steps are needed in all" in note
+
+
+def test_serving_note_quotes_the_peak(regenerated):
+    _, pictures = regenerated
+    note = prose("06_serving.md")
+    series = pictures["serving_frames.svg"].series
+    assert (f"At the peak the engine used {max(series['in use (prefix shared)'])} frames; the same sequences, "
+            f"each with its own copy of the system prompt, would have held {max(series['without sharing'])}") in note
+    shared = pictures["serving_frame_map.svg"].manager.usage().shared_frames
+    assert f"`+` for the {shared} frames of the system prompt" in note
 
 
 def test_glossary_covers_the_vocabulary():
