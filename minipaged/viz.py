@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6"]
 SHARED, CACHED, FREE, OTHER = "#333333", "#ffffff", "#eeeeee", "#bbbbbb"
+PREEMPTED = "#000000"  # the batch timeline's preemption mark
 CELL = 22  # px, one frame or one logical block
 
 
@@ -384,7 +385,7 @@ class LineChart:
 def svg_document(picture) -> str:
     """A standalone .svg file of any picture here (for docs/figures): a chart's own SVG; for a
     frame map or page-table view, its SVG with its bold title above and its legend below."""
-    if isinstance(picture, (BarChart, LineChart)):
+    if isinstance(picture, (BarChart, LineChart, Timeline)):
         return picture.svg()
     html = picture._repr_html_()
     inner = re.search(r"<svg .*</svg>", html, re.S).group(0)
@@ -459,11 +460,11 @@ class Timeline:
                 if c is None:
                     continue
                 rid, kind = c
-                fill = {"preempted": "#d62728", "padding": FREE}.get(kind, PALETTE[colors[rid] % len(PALETTE)])
+                fill = {"preempted": PREEMPTED, "padding": FREE}.get(kind, PALETTE[colors[rid] % len(PALETTE)])
                 stroke = ' stroke="#000" stroke-width="1.5"' if kind == "prefill" else ""
                 body.append(f'<g><title>{escape(f"step {step}: {rid} {kind}")}</title><rect x="{left + step * w}" '
                             f'y="{y}" width="{w - 1}" height="{h - 2}" fill="{fill}"{stroke}/></g>')
-        caption = "color = request; outlined = prefill; red = preempted; grey = padding (static batch)"
+        caption = "color = request; outlined = prefill; black = preempted; grey = padding (static batch)"
         body.append(_svg_text(PAD, top + len(rows) * h + 14, caption, size=10))
         width = max(left + len(self.reports) * w + PAD, CHAR_W * len(caption))
         return _svg(round(width), top + len(rows) * h + 22, body)

@@ -251,18 +251,12 @@ def figures() -> dict:
             "serving_frame_map.svg": serving_map}
 
 
-def document(picture) -> str:
-    """A picture as a standalone .svg file: svg_document's, but a Timeline draws its own (it is
-    not one of the pictures svg_document knows)."""
-    return picture.svg() if isinstance(picture, Timeline) else svg_document(picture)
-
-
 def write_figures(out: Path = FIGURES) -> dict:
     """Write every figure into `out` as a standalone .svg; returns them (name -> picture)."""
     out.mkdir(parents=True, exist_ok=True)
     pictures = figures()
     for name, picture in pictures.items():
-        (out / name).write_text(document(picture) + "\n", encoding="utf-8")
+        (out / name).write_text(svg_document(picture) + "\n", encoding="utf-8")
         print(f"wrote {out / name}")
     return pictures
 

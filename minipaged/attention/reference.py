@@ -32,12 +32,10 @@ def gather(cache, block_tables, context_lens, num_positions: int) -> np.ndarray:
     float32 (num_seqs, num_positions, num_kv_heads, head_dim), zero past each context (the
     slots there may hold anything, even NaN)."""
     block_size = cache.shape[1]
-    num_pages = -(-num_positions // block_size)
-    frames = np.maximum(block_tables[:, :num_pages], 0)     # -1 padding: any frame, zeroed below
-    pages = cache[frames]                                   # (S, pages, block_size, kvh, hd)
-    rows = pages.reshape(len(frames), num_pages * block_size, *cache.shape[2:])
-    rows = rows[:, :num_positions]                          # (S, positions, kvh, hd)
-    inside = np.arange(num_positions) < np.asarray(context_lens)[:, None]   # (S, positions)
+    positions = np.arange(num_positions)                                     # (num_positions,)
+    frames = np.asarray(block_tables)[:, positions // block_size]            # (num_seqs, num_positions)
+    rows = cache[np.maximum(frames, 0), positions % block_size]              # -1 padding: any frame, zeroed below
+    inside = positions < np.asarray(context_lens)[:, None]                   # (num_seqs, num_positions)
     return np.where(inside[:, :, None, None], rows, 0).astype(np.float32, copy=False)
 
 
