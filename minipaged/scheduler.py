@@ -94,10 +94,7 @@ class Scheduled:
     request: Request
     num_new_tokens: int
     samplers: list[Sequence]
-
-    @property
-    def kind(self) -> str:
-        return "decode" if self.num_new_tokens == 1 and self.seq.num_computed > 0 else "prefill"
+    kind: str = "decode"  # or "prefill": the sequence's tokens enter the cache now
 
 
 @dataclass(slots=True)
@@ -235,7 +232,7 @@ class Scheduler:
             seq.num_computed = hits
             batch.cached_tokens += hits
             samplers = request.live if fresh else [seq]
-            batch.scheduled.append(Scheduled(seq, request, len(seq.token_ids) - hits, samplers))
+            batch.scheduled.append(Scheduled(seq, request, len(seq.token_ids) - hits, samplers, "prefill"))
         if fresh:
             for seq in rest:
                 self.blocks.fork(first.seq_id, seq.seq_id)

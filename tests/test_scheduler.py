@@ -254,3 +254,10 @@ def test_beams_share_frames_and_dropped_beams_free_theirs(folder):
         private += sum(len(t.frames) for t in blocks.tables.values())
     assert shared < 0.5 * private                          # the 30-token prompt is held once, not 4 times
     assert_all_frames_back(llm)
+
+
+def test_a_one_token_prompt_is_reported_as_a_prefill(folder):
+    llm = make_llm(folder)
+    llm.engine.add_request("one", {"prompt_token_ids": [7]}, SamplingParams(max_tokens=2))
+    assert llm.engine.step().ran == [("one", 0, "prefill", 1)]
+    assert llm.engine.step().ran == [("one", 0, "decode", 1)]
