@@ -40,8 +40,9 @@ class PagedAttention:
         self.impl.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
         if self.decode_only:
             return self.impl.decode(q, k_cache, v_cache, self.block_tables, self.context_lens, self.scale)
+        # query_start_loc stays on the host: the kernel sizes its grid from it without a sync
         return self.impl.prefill(q, k_cache, v_cache, self.block_tables, self.context_lens,
-                                 self.kv.xp.asarray(self.query_start_loc), self.scale)
+                                 self.query_start_loc, self.scale)
 
 
 class ModelRunner:

@@ -184,13 +184,14 @@ class Launcher:
         xp = self.xp
         block_size, num_kv_heads, q_per_kv = _layout(q, k_cache)
         num_tokens, num_heads, head_dim = q.shape
-        block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
-        query_start_loc = _i32(xp, query_start_loc)
         num_seqs = len(query_start_loc) - 1
         out = xp.empty_like(q)
         if num_tokens == 0 or num_seqs == 0:
             return out
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())  # GPU: a sync
+        # the grid's size: free from a host (NumPy) query_start_loc, a sync from a device one
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
+        query_start_loc = _i32(xp, query_start_loc)
         grid = (-(-max_query_len * q_per_kv // PREFILL_ROWS), num_kv_heads, num_seqs)
         self.launch(f"paged_prefill<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>", grid,
                     (NUM_THREADS,),
