@@ -94,7 +94,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int = 0                 # 0: as many as kv_cache_memory holds
     kv_cache_memory: int = 0            # bytes; 0: 512 MiB on a CPU, half the free GPU memory
-    swap_space: int = 0                 # host frames for preemption by swap; 0: as many as the device
+    swap_space: int = 0                 # host frames for preemption by swap; 0: up to 4 GiB worth
     max_model_len: int = 0              # 0: the model's, capped by what the KV cache holds
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 0     # 0: max(4096, max_model_len)
@@ -121,7 +121,8 @@ class LLMEngine:
             num_blocks, block_size = self.blocks.device.num_blocks, max_len
         else:
             self.max_model_len = min(max_len, c.max_position_embeddings, num_blocks * config.block_size)
-            self.blocks = BlockManager(num_blocks, config.block_size, config.swap_space or num_blocks,
+            host_frames = config.swap_space or min(num_blocks, SWAP_SPACE // frame_bytes)
+            self.blocks = BlockManager(num_blocks, config.block_size, host_frames,
                                        config.enable_prefix_caching)
             block_size = config.block_size
         if num_blocks < 1:
@@ -363,6 +364,9 @@ class LLMEngine:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
                              finished=request.status is Status.FINISHED,
                              num_cached_tokens=request.num_cached_tokens)
+
+
+SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
 
 
 def beam_score(seq: Sequence) -> float:
