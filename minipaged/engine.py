@@ -260,8 +260,7 @@ class LLMEngine:
 
     def _finish_seq(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
-        if not isinstance(self.scheduler, StaticScheduler):  # static batches keep padding rows
-            self.scheduler.free_seq(seq)
+        self.scheduler.seq_finished(seq)
 
     def _beam_step(self, request: Request, pairs: list[tuple[Sequence, np.ndarray]]) -> None:
         """Keep the beam_width best continuations of all live beams.

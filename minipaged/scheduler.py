@@ -24,12 +24,11 @@ and runs until its longest member finishes; nobody joins in between.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from minipaged.paging import BlockManager, CowPair, NoFreeFramesError, StaticAllocator
+from minipaged.paging import BlockManager, CowPair, StaticAllocator
 from minipaged.sampling import SamplingParams
 
 
@@ -164,6 +163,10 @@ class Scheduler:
         if seq.seq_id in self.blocks.tables:
             self.blocks.free(seq.seq_id)
 
+    def seq_finished(self, seq: Sequence) -> None:
+        """A sequence of a running request is done: its frames go back at once."""
+        self.free_seq(seq)
+
     # ---- the three phases ---------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
         """Every live sequence of every running request gets a slot for its next token."""
@@ -291,6 +294,9 @@ class StaticScheduler(Scheduler):
                 batch.scheduled.append(Scheduled(seq, request, 1, [] if seq.finished else [seq]))
         return batch
 
+    def seq_finished(self, seq: Sequence) -> None:
+        """Nothing yet: a finished member stays in the fixed batch as a padding row."""
+
     def finish(self, request: Request) -> None:
         """Keep a finished request's frames until the whole batch is done (padding rows)."""
         request.status = Status.FINISHED
@@ -301,10 +307,5 @@ class StaticScheduler(Scheduler):
                     self.free_seq(seq)
 
 
-def new_seq_ids():
-    """Sequence ids, unique within an engine."""
-    return itertools.count()
-
-
 __all__ = ["Scheduler", "StaticScheduler", "SchedulerConfig", "Sequence", "Request", "Batch",
-           "Scheduled", "Status", "NoFreeFramesError", "new_seq_ids"]
+           "Scheduled", "Status"]

@@ -12,7 +12,6 @@ with torch and transformers (they are not test dependencies):
 
 import importlib.util
 import json
-import os
 import sys
 
 import torch

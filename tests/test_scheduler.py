@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.model import Model
 from minipaged.reference import ContiguousKVCache, greedy_generate
 
 

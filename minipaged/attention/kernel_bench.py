@@ -121,7 +121,6 @@ def seconds_per_call(calls, repeats: int) -> float:
 def bench_shape(shape: Shape, versions, repeats: int, device: dict) -> list[dict]:
     """Rows for one shape: the two dense baselines, then each version (frames in random order)."""
     import cupy as xp
-    from . import cuda
     s, itemsize = shape, np.dtype(shape.dtype).itemsize
     pages = -(-s.context_len // BLOCK_SIZE)
     kv_bytes = 2 * s.num_seqs * s.context_len * s.num_kv_heads * s.head_dim * itemsize
