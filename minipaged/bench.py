@@ -81,12 +81,12 @@ def _memory_arguments(parser):
 def bench_memory(args) -> dict:
     """The same requests through both allocators, in one pool of max_num_seqs × max_model_len
     slots, so memory never limits admission: the figures compare how memory is used."""
-    from minipaged.paging import BlockManager, StaticAllocator
+    from minipaged.paging import BlockManager, StaticBlockManager
     from minipaged.paging.workload import make_workload, simulate_memory
     requests = make_workload(args.requests, seed=args.seed)
     num_slots = args.max_num_seqs * args.max_model_len
     paged = BlockManager(num_slots // args.block_size, args.block_size, enable_prefix_caching=False)
-    static = StaticAllocator(num_slots, args.max_model_len)
+    static = StaticBlockManager(num_slots, args.max_model_len)
     result = {"paged": simulate_memory(paged, requests, args.max_num_seqs),
               "static": simulate_memory(static, requests, args.max_num_seqs),
               "utilization_is": "time-averaged over steps: summed token slots / summed allocated slots",

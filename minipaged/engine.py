@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model
-from minipaged.paging import BlockManager, KVCache, StaticAllocator, bytes_per_frame
+from minipaged.paging import BlockManager, KVCache, StaticBlockManager, bytes_per_frame
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, log_softmax, make_generator, most_likely, sample
 from minipaged.scheduler import (Batch, Request, Scheduler, SchedulerConfig, Sequence,
@@ -117,7 +117,7 @@ class LLMEngine:
         max_len = config.max_model_len or c.max_position_embeddings
         if config.scheduler == "static":
             self.max_model_len = max_len
-            self.blocks = StaticAllocator(num_blocks * config.block_size, max_len)
+            self.blocks = StaticBlockManager(num_blocks * config.block_size, max_len)
             num_blocks, block_size = self.blocks.device.num_blocks, max_len
         else:
             self.max_model_len = min(max_len, c.max_position_embeddings, num_blocks * config.block_size)
@@ -418,6 +418,11 @@ class LLM:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def new_engine(self, **options) -> LLMEngine:
+        """A fresh LLMEngine over this model and tokenizer, with its own KV cache and queues:
+        `llm.new_engine(num_blocks=24, block_size=8)` takes the options of EngineConfig."""
+        return LLMEngine(self.model, self.tokenizer, EngineConfig(**options), self.eos_token_ids)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -4,7 +4,7 @@ On the path of a request this is the middle: flat token ids and positions go in,
 positions that need them come out. All sequences of a step are flattened into one
 (num_tokens, hidden) matrix, so every projection is one 2-D matmul whatever the batch. The KV
 cache is not the model's business: each layer hands its q, k, v to an `attention` callable
-(a contiguous cache in `minipaged.reference`, the paged cache in the engine).
+(a contiguous cache in `minipaged.oracle`, the paged cache in the engine).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from minipaged.paging import BlockManager, CowPair, StaticAllocator
+from minipaged.paging import BlockManager, CowPair, StaticBlockManager
 from minipaged.sampling import SamplingParams
 
 
@@ -270,12 +270,12 @@ class Scheduler:
 
 class StaticScheduler(Scheduler):
     """The pre-Orca baseline: fill a batch while reserved memory lasts (max_model_len slots per
-    sequence, the StaticAllocator), run it until its longest member finishes, then the next.
+    sequence, the StaticBlockManager), run it until its longest member finishes, then the next.
 
     Finished members stay in the batch as padding, as in a fixed-shape batch: they are computed
     (the engine feeds them a pad token) but produce nothing, which is the waste Orca removed."""
 
-    def __init__(self, config: SchedulerConfig, blocks: StaticAllocator):
+    def __init__(self, config: SchedulerConfig, blocks: StaticBlockManager):
         super().__init__(config, blocks)
         self.watermark_frames = 0
         self.batch: list[Request] = []

@@ -82,9 +82,9 @@ KV_CACHE_WASTE = [
 
     from minipaged import LLM, SamplingParams
     from minipaged.backend import to_numpy
-    from minipaged.paging import BlockManager, StaticAllocator, bytes_per_frame
+    from minipaged.paging import BlockManager, StaticBlockManager, bytes_per_frame
     from minipaged.paging.workload import make_workload, simulate_memory
-    from minipaged.reference import ContiguousKVCache
+    from minipaged.oracle import ContiguousKVCache
     from minipaged.viz import BarChart, LineChart
 
     llm = LLM()  # SmolLM2-135M-Instruct: on a GPU if there is one, else NumPy on the CPU
@@ -122,7 +122,7 @@ KV_CACHE_WASTE = [
     ## Growing a cache, token by token
 
     Before paging, an engine gave each request one contiguous **slab** of KV memory, reserved
-    when the request arrived. `minipaged.reference.ContiguousKVCache` is such a cache (the tests
+    when the request arrived. `minipaged.oracle.ContiguousKVCache` is such a cache (the tests
     hold every faster path in minipaged to its answers). Nobody knows how long an answer will be,
     so the slab must hold the longest answer allowed; we reserve 512 tokens, a modest cap next to
     the model's limit.
@@ -232,7 +232,7 @@ KV_CACHE_WASTE = [
 
     Both serve the requests as a batch of up to 64 running at once, one token per running
     request per step; a finished request leaves and a waiting one joins. Both get the same
-    memory: room for 64 maximum-length slabs. `StaticAllocator` reserves `max_model_len` slots
+    memory: room for 64 maximum-length slabs. `StaticBlockManager` reserves `max_model_len` slots
     per request when it is admitted; `BlockManager` takes 16-slot frames as tokens arrive.
     `simulate_memory` counts, at every step, how many of the allocated slots hold a token. (This
     is what `python -m minipaged.bench memory` runs.)
@@ -241,7 +241,7 @@ KV_CACHE_WASTE = [
     max_num_seqs = 64
     num_slots = max_num_seqs * max_model_len
     allocators = {
-        f"static, {max_model_len} per request": StaticAllocator(num_slots, max_model_len),
+        f"static, {max_model_len} per request": StaticBlockManager(num_slots, max_model_len),
         "paged, block 16": BlockManager(num_slots // 16, block_size=16, enable_prefix_caching=False),
     }
     results = {name: simulate_memory(manager, requests, max_num_seqs) for name, manager in allocators.items()}
@@ -279,7 +279,7 @@ KV_CACHE_WASTE = [
     `max_model_len`, still with 64 requests running (so the pool grows with it). What utilization
     does the static allocator reach, and how much float16 memory would its pool take?
     """, """
-    big = StaticAllocator(max_num_seqs * llm.max_model_len, llm.max_model_len)
+    big = StaticBlockManager(max_num_seqs * llm.max_model_len, llm.max_model_len)
     result = simulate_memory(big, requests, max_num_seqs)
     pool = max_num_seqs * llm.max_model_len * per_token_fp16
     print(f"utilization {result['utilization']:.1%}, for a pool of {pool / 2**30:.1f} GiB: "
@@ -290,7 +290,7 @@ KV_CACHE_WASTE = [
     go up or down? And paging's? Why?
     """, """
     short = make_workload(1000, output_mean=50)
-    for name, manager in {"static": StaticAllocator(num_slots, max_model_len),
+    for name, manager in {"static": StaticBlockManager(num_slots, max_model_len),
                           "paged": BlockManager(num_slots // 16, 16, enable_prefix_caching=False)}.items():
         print(f"{name}: {simulate_memory(manager, short, max_num_seqs)['utilization']:.1%}")
     # Static falls: each request still reserves the whole slab but fills less of it. Paging stays

@@ -21,7 +21,7 @@ import numpy as np
 from minipaged import LLM, SamplingParams
 from minipaged.attention.kernel_bench import SHAPES
 from minipaged.engine import EngineConfig, LLMEngine
-from minipaged.paging import BlockManager, StaticAllocator
+from minipaged.paging import BlockManager, StaticBlockManager
 from minipaged.paging.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
 from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline, svg_document
 
@@ -37,7 +37,7 @@ SHARING_WORKLOADS = {  # the paper's datasets' mean lengths, as `python -m minip
 def cache_growth() -> LineChart:
     """One request of the ShareGPT means, token by token: a slab vs frames taken on demand."""
     prompt = [1] * SHAREGPT_PROMPT_MEAN
-    static = StaticAllocator(MAX_MODEL_LEN, MAX_MODEL_LEN)
+    static = StaticBlockManager(MAX_MODEL_LEN, MAX_MODEL_LEN)
     paged = BlockManager(MAX_MODEL_LEN // BLOCK_SIZE, BLOCK_SIZE, enable_prefix_caching=False)
     held, reserved, allocated = [], [], []
     for manager in (static, paged):
@@ -59,7 +59,7 @@ def cache_growth() -> LineChart:
 def memory_breakdown(requests) -> BarChart:
     """Where the allocated KV memory goes, static vs paged, over the same requests and pool."""
     num_slots = MAX_NUM_SEQS * MAX_MODEL_LEN
-    allocators = {f"static, {MAX_MODEL_LEN} per request": StaticAllocator(num_slots, MAX_MODEL_LEN),
+    allocators = {f"static, {MAX_MODEL_LEN} per request": StaticBlockManager(num_slots, MAX_MODEL_LEN),
                   f"paged, block {BLOCK_SIZE}": BlockManager(num_slots // BLOCK_SIZE, BLOCK_SIZE,
                                                              enable_prefix_caching=False)}
     kinds = {"tokens": "token_slots", "internal waste": "internal_waste", "reserved, unused": "reserved_unused"}

@@ -9,7 +9,7 @@ from checkpoints import bf16_round, write_checkpoint
 
 from minipaged.config import ModelConfig
 from minipaged.model import Model, rope_inv_freq
-from minipaged.reference import ContiguousKVCache, greedy_generate
+from minipaged.oracle import ContiguousKVCache, greedy_generate
 from minipaged.weights import load_weights, read_safetensors, resolve_model
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_tiny_logits.json").read_text())

@@ -10,7 +10,7 @@ from checkpoints import write_checkpoint
 
 from minipaged.backend import to_numpy
 from minipaged.model import Model
-from minipaged.reference import ContiguousKVCache, greedy_generate
+from minipaged.oracle import ContiguousKVCache, greedy_generate
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import pytest
 
 from minipaged import bench
 from minipaged.paging import (BlockAllocator, BlockManager, KVCache, NoFreeFramesError, PrefixCache,
-                              StaticAllocator, bytes_per_frame, num_blocks_for_memory)
+                              StaticBlockManager, bytes_per_frame, num_blocks_for_memory)
 from minipaged.paging import prefix_cache as prefix_cache_module
 
 
@@ -265,7 +265,7 @@ def test_sizing_from_a_memory_budget():
 
 def test_accounting_paged_vs_static_for_the_same_sequences():
     paged = BlockManager(num_blocks=64, block_size=16)
-    static = StaticAllocator(num_slots=4 * 256, max_model_len=256)
+    static = StaticBlockManager(num_slots=4 * 256, max_model_len=256)
     for manager in (paged, static):
         manager.allocate("a", range(100, 140))   # 40 tokens
         manager.allocate("b", range(200, 210))   # 10 tokens
@@ -277,7 +277,7 @@ def test_accounting_paged_vs_static_for_the_same_sequences():
 
 
 def test_the_static_baseline_cannot_grow_past_its_reservation():
-    static = StaticAllocator(num_slots=100, max_model_len=8)
+    static = StaticBlockManager(num_slots=100, max_model_len=8)
     static.allocate("a", range(7))
     static.append_slot("a", 7)
     with pytest.raises(ValueError, match="9 tokens does not fit the 8 slots reserved per request"):
@@ -298,7 +298,7 @@ def test_memory_benchmark_paging_uses_over_96_percent_static_far_less(capsys):
 @pytest.mark.parametrize("make, message", [
     (lambda: BlockAllocator(-1), "num_blocks must be a whole number >= 0, got -1"),
     (lambda: BlockManager(8, block_size=0), "block_size must be a whole number >= 1, got 0"),
-    (lambda: StaticAllocator(100, max_model_len=-5), "max_model_len must be a whole number >= 1"),
+    (lambda: StaticBlockManager(100, max_model_len=-5), "max_model_len must be a whole number >= 1"),
     (lambda: KVCache(2, -3, 1, 8, device="cpu"), "num_blocks must be a whole number >= 0, got -3"),
     (lambda: num_blocks_for_memory(-1, 2, 1, 8), "kv_cache_memory must be a whole number >= 0"),
     (lambda: BlockManager(8).can_allocate(-2), "num_tokens must be a whole number >= 0"),

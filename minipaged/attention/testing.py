@@ -17,7 +17,7 @@ from ..backend import to_numpy
 
 
 @dataclass(slots=True)
-class Batch:
+class AttentionCase:
     q: np.ndarray                 # (num_tokens, num_heads, head_dim): decode has one per sequence
     k_cache: np.ndarray           # (num_blocks, block_size, num_kv_heads, head_dim)
     v_cache: np.ndarray
@@ -42,7 +42,7 @@ class Batch:
 
 def random_batch(rng: np.random.Generator, context_lens, query_lens=None, *, num_kv_heads: int,
                  q_per_kv: int, head_dim: int, block_size: int, dtype=np.float32,
-                 share_prefix: bool = True, poison: bool = True, pad_blocks: int = 2) -> Batch:
+                 share_prefix: bool = True, poison: bool = True, pad_blocks: int = 2) -> AttentionCase:
     """A batch of sequences with these context lengths; query_lens None means decode (one query
     each). With share_prefix, sequence 1 maps the full blocks it has in common with sequence 0
     to the same frames, and its K/V there are sequence 0's."""
@@ -76,7 +76,7 @@ def random_batch(rng: np.random.Generator, context_lens, query_lens=None, *, num
 
     num_heads = num_kv_heads * q_per_kv
     q = rng.standard_normal((sum(query_lens), num_heads, head_dim)).astype(dtype)
-    return Batch(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+    return AttentionCase(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
                  context_lens=np.array(context_lens, np.int32),
                  query_start_loc=np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32),
                  keys=keys, values=values, scale=1.0 / np.sqrt(head_dim))
@@ -89,7 +89,7 @@ def edge_context_lens(rng: np.random.Generator, block_size: int, long: int = 7) 
     return [int(first), int(second), 1, block_size - 1, block_size, block_size + 1]
 
 
-def dense_attention(batch: Batch) -> np.ndarray:
+def dense_attention(batch: AttentionCase) -> np.ndarray:
     """The oracle: attention in float64 over each sequence's unpaged K/V, one head at a time.
     The query at row r of a sequence with L queries and C tokens sits at position C - L + r."""
     out = np.empty(batch.q.shape, np.float64)

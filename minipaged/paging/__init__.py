@@ -8,10 +8,10 @@ from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.kv_cache import KVCache, bytes_per_frame, num_blocks_for_memory
 from minipaged.paging.manager import BlockManager, MemoryUsage, StepArrays
 from minipaged.paging.prefix_cache import PrefixCache, block_hash
-from minipaged.paging.static import StaticAllocator
+from minipaged.paging.static import StaticBlockManager
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "BlockTable", "CowPair",
     "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryUsage",
-    "StepArrays", "PrefixCache", "block_hash", "StaticAllocator",
+    "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager",
 ]

@@ -13,7 +13,7 @@ from minipaged.paging.allocator import check_size
 from minipaged.paging.manager import BlockManager, MemoryUsage, SeqId
 
 
-class StaticAllocator(BlockManager):
+class StaticBlockManager(BlockManager):
     """Regions of `max_model_len` slots (frame r = slots r*max_model_len ...), one per request."""
 
     def __init__(self, num_slots: int, max_model_len: int = 2048):
