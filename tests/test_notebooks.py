@@ -1,13 +1,16 @@
-"""Every notebook runs top to bottom on the CPU as stored, and keeps the house conventions:
-no stored outputs, an opening "What you will see", closing exercises with hidden solutions,
-no measured number typed into prose, and exactly what scripts/build_notebooks.py writes.
-A cell that raises fails its notebook's test (solutions included: they run too)."""
+"""Every notebook runs top to bottom on the CPU as stored, without a warning, and keeps the house
+conventions: each notebooks/NN_name.py (jupytext py:percent, the source to read and diff) is in
+sync with its paired .ipynb (what people open); no stored outputs; an opening "What you will
+see"; closing exercises whose solutions are folded in <details> blocks, in JupyterLab, VS Code
+and an HTML export alike; no measured number typed into prose. A cell that raises fails its
+notebook's test, and so does a solution: the tests run them after the notebook's cells."""
 
-import importlib.util
 import re
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
+import jupytext
 import nbformat
 import pytest
 from nbclient import NotebookClient
@@ -22,10 +25,17 @@ CELL_TIMEOUT = 120  # seconds; the slowest cell (loading the model, a sweep) tak
 PAPER_NUMBERS = {"20.4%", "38.2%", "4%",
                  "6.1%", "9.8%", "16.2%", "30.5%", "37.6%", "55.2%", "44.3%", "66.3%",
                  "88%", "85%", "28%", "4.8"}
+# a solution: a markdown cell holding one folded block of Python, and nothing else
+SOLUTION = re.compile(r"<details><summary>Solution (\d+)</summary>\n\n```python\n(.+?)\n```\n\n</details>", re.S)
 
 
 def read(path: Path):
     return nbformat.read(path, as_version=4)
+
+
+def solutions(nb) -> list[str]:
+    """The code of each folded solution, in order."""
+    return [m.group(2) for c in nb.cells if c.cell_type == "markdown" for m in [SOLUTION.fullmatch(c.source)] if m]
 
 
 @pytest.fixture(scope="session")
@@ -53,13 +63,18 @@ def execute(nb, kernel_name: str, cwd: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path, kernel_name):
+def test_notebook_and_its_solutions_run_without_a_warning(path, kernel_name):
     nb = read(path)
     nb.cells.insert(0, nbformat.v4.new_code_cell("import os, sys\nprint(sys.prefix)\nprint(os.getcwd())"))
+    nb.cells += [nbformat.v4.new_code_cell(code) for code in solutions(nb)]
     execute(nb, kernel_name, path.parent)
     prefix, cwd = nb.cells[0].outputs[0].text.split()
     assert prefix == sys.prefix, f"the kernel ran {prefix}'s Python, not this one ({sys.prefix})"
     assert Path(cwd) == path.parent
+    stderr = [(i, out.text) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+              for out in cell.outputs if out.output_type == "stream" and out.name == "stderr"]
+    warned = [(i - 1, text) for i, text in stderr if re.search(r"warn", text, re.I)]
+    assert not warned, f"cells (counted from 0) print warnings: {warned}"
 
 
 def test_a_cell_that_raises_fails_the_run(kernel_name, tmp_path):
@@ -75,23 +90,42 @@ def test_notebooks_are_numbered_in_reading_order():
     assert numbers == list(range(1, len(NOTEBOOKS) + 1))
 
 
-def test_notebooks_are_what_build_notebooks_writes():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "scripts" / "build_notebooks.py")
-    builder = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builder)
-    built = builder.build()
-    assert sorted(built) == [p.stem for p in NOTEBOOKS]
-    for name, nb in built.items():
-        assert read(ROOT / "notebooks" / f"{name}.ipynb") == nb, (
-            f"notebooks/{name}.ipynb is not what scripts/build_notebooks.py writes: edit the script, "
-            "then run `python scripts/build_notebooks.py`")
+def test_every_notebook_is_a_python_file_paired_with_its_ipynb():
+    scripts = sorted((ROOT / "notebooks").glob("*.py"))
+    assert [p.stem for p in scripts] == [p.stem for p in NOTEBOOKS], "each .ipynb has its .py, and no .py is alone"
+    for path in NOTEBOOKS:
+        assert read(path).metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent", path.name
+        assert jupytext.read(path.with_suffix(".py")).metadata["jupytext"]["formats"] == "ipynb,py:percent"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_python_file_and_notebook_have_the_same_cells(path):
+    """Edit either one (JupyterLab with jupytext saves both); `jupytext --sync` brings the other
+    up to date from the one changed last."""
+    script = path.with_suffix(".py")
+    in_script = [(c.cell_type, c.source) for c in jupytext.read(script).cells]
+    in_notebook = [(c.cell_type, c.source) for c in read(path).cells]
+    differ = next((i for i, (a, b) in enumerate(zip(in_script, in_notebook)) if a != b),
+                  None if len(in_script) == len(in_notebook) else min(len(in_script), len(in_notebook)))
+    assert differ is None, (f"notebooks/{script.name} and {path.name} differ from cell {differ} on: run "
+                            f"`.venv/bin/jupytext --sync notebooks/{script.name}` (the file changed last wins)")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_python_file_is_plain_python(path):
+    """The code cells are code, not strings: the file compiles, and no docstring is escaped."""
+    text = path.with_suffix(".py").read_text()
+    compile(text, str(path.with_suffix(".py")), "exec")
+    assert '\\"\\"\\"' not in text and "\\\\n" not in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_stored_without_outputs(path):
     for i, cell in enumerate(read(path).cells):
         if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, f"cell {i} stores its output"
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"cell {i} stores its output: clear it (`.venv/bin/jupyter nbconvert --clear-output --inplace "
+                f"{path.relative_to(ROOT)}`)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -102,25 +136,71 @@ def test_opens_with_what_you_will_see(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_ends_with_exercises_whose_solutions_are_hidden(path):
-    cells = read(path).cells
+def test_ends_with_exercises_whose_solutions_are_folded(path):
+    nb = read(path)
+    cells = nb.cells
     heading = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercises")]
     assert len(heading) == 1, "one '## Exercises' section, at the end"
     tail = cells[heading[0] + 1:]
     assert len(tail) in (4, 6), "two or three exercises, each followed by its solution"
     for n, (question, solution) in enumerate(zip(tail[::2], tail[1::2]), start=1):
         assert question.cell_type == "markdown" and question.source.startswith(f"**Exercise {n}.**")
-        assert solution.cell_type == "code" and solution.metadata.get("tags") == ["solution"]
-        assert solution.metadata.get("jupyter") == {"source_hidden": True, "outputs_hidden": True}
-    hidden_elsewhere = [i for i, c in enumerate(cells[:heading[0]]) if c.metadata.get("jupyter") or c.metadata.get("tags")]
-    assert not hidden_elsewhere, f"cells {hidden_elsewhere} are hidden or tagged (raises-exception?) outside the exercises"
+        match = SOLUTION.fullmatch(solution.source)
+        assert solution.cell_type == "markdown" and match and match.group(1) == str(n), (
+            f"the cell after exercise {n} must be only its folded solution: "
+            f"<details><summary>Solution {n}</summary>, a ```python block, </details>")
+        assert "```" not in match.group(2) and "<details" not in match.group(2)
+    assert len(solutions(nb)) == len(tail) // 2, "no folded solution outside the exercises"
+    tagged = [i for i, c in enumerate(cells) if c.metadata.get("jupyter") or c.metadata.get("tags")]
+    assert not tagged, f"cells {tagged} are hidden or tagged (raises-exception?): nothing is hidden by metadata"
+
+
+class Folds(HTMLParser):
+    """The text of a page, split into what sits inside <details> elements and what is shown."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.folded, self.shown, self.opened = 0, [], [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "details":
+            self.depth += 1
+            self.opened += "open" in dict(attrs)
+
+    def handle_endtag(self, tag):
+        if tag == "details":
+            self.depth -= 1
+
+    def handle_data(self, data):
+        (self.folded if self.depth else self.shown).append(data)
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_html_export_keeps_the_solutions_folded(path):
+    """`jupyter nbconvert --to html` shows each solution's code only inside a closed <details>."""
+    from nbconvert import HTMLExporter
+    nb = read(path)
+    page = Folds()
+    page.feed(HTMLExporter().from_notebook_node(nb)[0])
+    folded, shown = words("".join(page.folded)), words("".join(page.shown))
+    assert page.depth == 0 and page.opened == 0
+    for n, code in enumerate(solutions(nb), start=1):
+        assert words(code) in folded, f"solution {n} is not inside a <details> element"
+        assert words(code) not in shown, f"solution {n} is shown expanded"
+    assert words(nb.cells[0].source.splitlines()[0].lstrip("# ")) in shown  # the rest is shown
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_prose_types_no_measured_number(path):
-    """Percentages and decimals in markdown are the paper's; minipaged's numbers come from cells."""
+    """Percentages and decimals in markdown are the paper's; minipaged's numbers come from cells.
+    (A folded solution's code may hold any number: it is code.)"""
     for i, cell in enumerate(read(path).cells):
         if cell.cell_type == "markdown":
-            typed = set(re.findall(r"\d+\.\d+%?|\d+%", cell.source)) - PAPER_NUMBERS
+            prose = re.sub(r"```.*?```", "", cell.source, flags=re.S)
+            typed = set(re.findall(r"\d+\.\d+%?|\d+%", prose)) - PAPER_NUMBERS
             assert not typed, (f"cell {i} types {sorted(typed)}: print it from a cell, "
                                "e.g. display(Markdown(f'...')), so it cannot go stale")
