@@ -11,82 +11,22 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
 
+from minipaged import beam
 from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model
-from minipaged.paging import BlockManager, KVCache, StaticBlockManager, bytes_per_frame
+from minipaged.outputs import CompletionOutput, RequestOutput, StepReport, rejected
+from minipaged.paging import BlockManager, KVCache, StaticBlockManager, bytes_per_frame, check_size
 from minipaged.runner import ModelRunner
-from minipaged.sampling import SamplingParams, log_softmax, make_generator, most_likely, sample
-from minipaged.scheduler import (Batch, Request, Scheduler, SchedulerConfig, Sequence,
-                                 StaticScheduler, Status)
+from minipaged.sampling import SamplingParams, int_list, make_generator, sample
+from minipaged.scheduler import POLICIES, Batch, Request, Scheduler, SchedulerConfig, Sequence, Status
 from minipaged.tokenizer import IncrementalDetokenizer, Tokenizer
 from minipaged.weights import DEFAULT_MODEL, resolve_model
-
-
-@dataclass(slots=True)
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None  # "stop" (eos, stop token/string), "length", "abort", "rejected"
-    cumulative_logprob: float | None = None  # beam search only
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool = True
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    error: str | None = None    # why the request was rejected; the others still ran
-
-
-@dataclass(slots=True)
-class StepReport:
-    """What one step did: print it for a line, collect them for a timeline picture."""
-    step: int
-    ran: list[tuple[str, int, str, int]]   # (request_id, seq index, "prefill"/"decode", tokens)
-    frames_taken: int
-    frames_freed: int
-    free_frames: int
-    copies: int                            # copy-on-write frame copies
-    swapped_out: int                       # frames moved to host memory
-    swapped_in: int
-    cached_tokens: int                     # prompt tokens found in the prefix cache
-    preempted: list[tuple[str, str]]       # (request_id, "recompute" / "swap")
-    finished: list[RequestOutput]
-    new_text: dict[str, str]               # request_id -> text of its first sequence this step
-    seconds: float
-    padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
-
-    @property
-    def padding(self) -> int:
-        return len(self.padded)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for *_, n in self.ran)
-
-    def __str__(self) -> str:
-        kinds = {"prefill": 0, "decode": 0}
-        for _, _, kind, _ in self.ran:
-            kinds[kind] += 1
-        parts = [f"step {self.step}: {kinds['prefill']} prefill + {kinds['decode']} decode "
-                 f"({self.num_tokens} tokens, {1000 * self.seconds:.0f} ms)",
-                 f"frames +{self.frames_taken} -{self.frames_freed} ({self.free_frames} free)"]
-        extras = [(self.copies, "copy-on-write"), (self.cached_tokens, "cached tokens"),
-                  (self.swapped_out, "frames swapped out"), (self.swapped_in, "frames swapped in")]
-        parts += [f"{n} {what}" for n, what in extras if n]
-        parts += [f"preempted {rid} ({mode})" for rid, mode in self.preempted]
-        parts += [f"finished {o.request_id}" for o in self.finished]
-        return ", ".join(parts)
 
 
 @dataclass(slots=True)
@@ -103,6 +43,18 @@ class EngineConfig:
     scheduler: str = "continuous"       # or "static": the pre-Orca baseline
     watermark: float = 0.01
 
+    def __post_init__(self):
+        for name in ("block_size", "max_num_seqs"):
+            check_size(name, getattr(self, name), minimum=1)
+        for name in ("num_blocks", "kv_cache_memory", "swap_space", "max_model_len", "max_num_batched_tokens"):
+            check_size(name, getattr(self, name), minimum=0)
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        if self.scheduler not in POLICIES:
+            raise ValueError(f"scheduler must be one of {sorted(POLICIES)}, got {self.scheduler!r}")
+
 
 class LLMEngine:
     """Requests in, one step at a time, outputs out."""
@@ -114,30 +66,21 @@ class LLMEngine:
         c = model.config
         frame_bytes = bytes_per_frame(c.num_layers, c.num_kv_heads, c.head_dim, config.block_size, model.dtype)
         num_blocks = config.num_blocks or default_kv_memory(model.device, config.kv_cache_memory) // frame_bytes
-        max_len = config.max_model_len or c.max_position_embeddings
-        if config.scheduler == "static":
-            self.max_model_len = max_len
-            self.blocks = StaticBlockManager(num_blocks * config.block_size, max_len)
-            num_blocks, block_size = self.blocks.device.num_blocks, max_len
-        else:
-            self.max_model_len = min(max_len, c.max_position_embeddings, num_blocks * config.block_size)
-            host_frames = config.swap_space or min(num_blocks, SWAP_SPACE // frame_bytes)
-            self.blocks = BlockManager(num_blocks, config.block_size, host_frames,
-                                       config.enable_prefix_caching)
-            block_size = config.block_size
-        if num_blocks < 1:
+        host_frames = config.swap_space or min(num_blocks, SWAP_SPACE // frame_bytes)
+        self.blocks = make_block_manager(config, num_blocks, host_frames, c.max_position_embeddings)
+        if self.blocks.num_frames < 1:
             raise ValueError("the KV cache holds no frame: give more kv_cache_memory or num_blocks")
-        self.kv = KVCache(c.num_layers, num_blocks, c.num_kv_heads, c.head_dim, block_size,
-                          self.blocks.host.num_blocks, model.dtype, model.device)
+        self.max_model_len = min(config.max_model_len or c.max_position_embeddings, c.max_position_embeddings,
+                                 self.blocks.num_frames * self.blocks.block_size)
+        self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,
+                          self.blocks.block_size, host_frames, model.dtype, model.device)
         budget = config.max_num_batched_tokens or max(4096, self.max_model_len)
         if budget < self.max_model_len:
             raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: "
                              "a long prompt could never be prefilled (minipaged has no chunked prefill)")
-        scheduler_config = SchedulerConfig(config.max_num_seqs, budget, config.preemption_mode, config.watermark)
-        if config.scheduler not in ("continuous", "static"):
-            raise ValueError(f"scheduler must be 'continuous' or 'static', got {config.scheduler!r}")
-        scheduler_class = StaticScheduler if config.scheduler == "static" else Scheduler
-        self.scheduler = scheduler_class(scheduler_config, self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, budget, config.preemption_mode,
+                                                   config.watermark, self.max_model_len, config.scheduler),
+                                   self.blocks)
         self.runner = ModelRunner(model, self.kv)
         self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -147,215 +90,212 @@ class LLMEngine:
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
         """Queue a request: prompt is a string or {"prompt_token_ids": [...]}. A bad request
-        raises ValueError saying what was wrong; nothing else is affected."""
-        params = params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"request {request_id!r}: params must be SamplingParams, got {type(params).__name__}")
+        raises ValueError saying what was wrong, and nothing is queued."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique")
-        text, ids = self._prompt_ids(request_id, prompt)
-        self._check_fits(request_id, len(ids), params)
-        num_seqs = 1 if params.beam_width > 1 else params.n
-        seqs = [Sequence(next(self.seq_ids), list(ids), len(ids), index=i,
-                         generator=make_generator(params, i),
-                         detokenizer=IncrementalDetokenizer(self.tokenizer)) for i in range(num_seqs)]
-        request = Request(str(request_id), text, list(ids), params, seqs, arrival=self.step_count)
-        self.requests[request.request_id] = request
-        self.scheduler.add(request)
+        try:
+            text, ids = self._check_request(prompt, params)
+        except ValueError as error:
+            raise ValueError(f"request {request_id!r}: {error}") from None
+        seqs = [Sequence(next(self.seq_ids), list(ids), len(ids), index=i, generator=make_generator(params, i),
+                         detokenizer=IncrementalDetokenizer(self.tokenizer))
+                for i in range(1 if params.beam_width > 1 else params.n)]
+        self.requests[request_id] = Request(request_id, text, list(ids), params, seqs, arrival=self.step_count)
+        self.scheduler.add(self.requests[request_id])
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Stop a request now and free its frames; its output so far, finish_reason "abort"."""
         if request_id not in self.requests:
             raise KeyError(f"no request {request_id!r} is waiting or running (finished requests "
                            "are forgotten; ids are case-sensitive)")
-        request = self.requests.pop(request_id)
+        request = self.requests[request_id]
         for seq in request.live:
-            seq.finish_reason = "abort"
-        self.scheduler.finish(request)
-        return self._output(request)
+            self._finish_seq(request, seq, "abort")
+        return self._finish(request)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def text_so_far(self, request_id: str) -> str:
+        """The text its first sequence has released so far (beam search: none until the end)."""
+        request = self.requests[request_id]
+        return "" if request.beam_search else request.seqs[0].text[:request.seqs[0].released]
+
     def step(self) -> StepReport:
         """Schedule, move memory, run the model once, sample, and finish what is done."""
-        start = time.perf_counter()
-        allocated, released = self.blocks.device.num_allocated, self.blocks.device.num_released
+        start, taken, released = time.perf_counter(), self.blocks.frames_taken, self.blocks.frames_released
         batch = self.scheduler.schedule()
         if not batch.scheduled and self.has_unfinished_requests():
             raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
                                "requests that can never fit are rejected by add_request)")
-        self.kv.swap_out(batch.swap_out)  # before the frames they leave are reused
-        self.kv.swap_in(batch.swap_in)
+        self.runner.move(batch.moves)
         new_text, finished = {}, []
         if batch.scheduled:
-            new_tokens = [s.seq.token_ids[len(s.seq.token_ids) - s.num_new_tokens:] for s in batch.scheduled]
-            arrays = self.blocks.step_arrays([s.seq.seq_id for s in batch.scheduled],
-                                             [s.num_new_tokens for s in batch.scheduled])
-            logits = self.runner.step(new_tokens, arrays, batch.copies)
-            finished = self._process(batch, logits, new_text)
+            logits = self.runner.step(*self._inputs(batch))
+            finished = self._sample(batch, logits, new_text)
         self.step_count += 1
         return StepReport(
             step=self.step_count - 1,
-            ran=[(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens)
-                 for s in batch.scheduled if s.samplers],
-            frames_taken=self.blocks.device.num_allocated - allocated,
-            frames_freed=self.blocks.device.num_released - released,
-            free_frames=self.blocks.num_free_frames, copies=len(batch.copies),
-            swapped_out=len(batch.swap_out), swapped_in=len(batch.swap_in),
+            ran=[(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens) for s in batch.scheduled],
+            frames_taken=self.blocks.frames_taken - taken, frames_freed=self.blocks.frames_released - released,
+            free_frames=self.blocks.num_free_frames, copies=len(batch.moves.copies),
+            swapped_out=len(batch.moves.swap_out), swapped_in=len(batch.moves.swap_in),
             cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
             new_text=new_text, seconds=time.perf_counter() - start,
-            padded=[(s.request.request_id, s.seq.index) for s in batch.scheduled if not s.samplers])
+            padded=[(request.request_id, seq.index) for request, seq in batch.padding])
 
     # ---- inside a step -----------------------------------------------------------------------
-    def _process(self, batch: Batch, logits: np.ndarray, new_text: dict) -> list[RequestOutput]:
-        """Pick each sequence's next token; finish what is done. Returns finished outputs."""
-        beams: dict[Request, list[tuple[Sequence, np.ndarray]]] = {}
-        rows, samplers = [], []  # (sequence, its request) for every row to sample from
+    def _inputs(self, batch: Batch):
+        """Each row's new tokens and the paging arrays; padding rows (static batching) compute
+        their last cached token again and write nothing."""
+        rows, padding = batch.scheduled, [seq for _, seq in batch.padding]
+        tokens = [s.seq.token_ids[len(s.seq.token_ids) - s.num_new_tokens:] for s in rows]
+        tokens += [[seq.token_ids[seq.num_computed - 1]] for seq in padding]
+        arrays = self.blocks.step_arrays([s.seq.seq_id for s in rows], [s.num_new_tokens for s in rows],
+                                         [seq.seq_id for seq in padding])
+        return tokens, arrays
+
+    def _sample(self, batch: Batch, logits: np.ndarray, new_text: dict) -> list[RequestOutput]:
+        """Pick each sequence's next token (or the next beams); finish what is done."""
+        rows, beams = [], {}
         for scheduled, row in zip(batch.scheduled, logits):
-            scheduled.seq.num_computed = len(scheduled.seq.token_ids)
-            for seq in scheduled.samplers:
-                seq.num_computed = scheduled.seq.num_computed  # forked samples share the prompt
+            for seq in scheduled.samplers:  # forked samples share the prompt's cache
+                seq.num_computed = len(scheduled.seq.token_ids)
                 if scheduled.request.beam_search:
                     beams.setdefault(scheduled.request, []).append((seq, row))
                 else:
-                    rows.append(row)
-                    samplers.append((seq, scheduled.request))
-        tokens = sample(np.stack(rows), [r.params for _, r in samplers],
-                        [s.generator for s, _ in samplers]) if rows else []
-        touched = {}
-        for (seq, request), token in zip(samplers, tokens):
+                    rows.append((scheduled.request, seq, row))
+        tokens = sample(np.stack([row for *_, row in rows]), [r.params for r, *_ in rows],
+                        [seq.generator for _, seq, _ in rows]) if rows else []
+        for (request, seq, _), token in zip(rows, tokens):
             text = self._append(request, seq, token)
             if seq.index == 0 and text:
                 new_text[request.request_id] = text
-            touched[request.request_id] = request
         for request, pairs in beams.items():
             self._beam_step(request, pairs)
-            touched[request.request_id] = request
         finished = []
-        for request in touched.values():
-            if not request.live and request.status is not Status.FINISHED:
-                self.scheduler.finish(request)
-                del self.requests[request.request_id]
-                finished.append(self._output(request))
+        for request in dict.fromkeys(s.request for s in batch.scheduled):
+            if not request.live:
+                finished.append(self._finish(request))
+                if request.beam_search and finished[-1].outputs:  # beams are revised until the end
+                    new_text[request.request_id] = finished[-1].outputs[0].text
         return finished
 
     def _append(self, request: Request, seq: Sequence, token: int) -> str:
-        """Add a sampled token; decide whether the sequence is finished. Returns new text."""
+        """Add a sampled token and decide whether the sequence is finished. Returns the text it
+        releases: text that could still become a stop string is held back until decided."""
         seq.token_ids.append(token)
         p = request.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            self._finish_seq(seq, "stop")
-            return ""
-        before = len(seq.text)
-        seq.text += seq.detokenizer.add(token)
-        for stop in p.stop:
-            if stop in seq.text:
-                seq.text = seq.text[:seq.text.index(stop)]
-                self._finish_seq(seq, "stop")
-        if not seq.finished and (len(seq.output_ids) >= p.max_tokens
-                                 or len(seq.token_ids) >= self.max_model_len):
-            self._finish_seq(seq, "length")
-        return seq.text[before:]
+        reason = None
+        if self._ends(token, p):
+            reason = "stop"
+        else:
+            seq.text += seq.detokenizer.add(token)
+            found = [seq.text.index(s) for s in p.stop if s in seq.text]
+            if found:
+                seq.text, reason = seq.text[:min(found)], "stop"
+        if reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len):
+            reason = "length"
+        if reason:
+            self._finish_seq(request, seq, reason)
+        end = len(seq.text) if seq.finished else len(seq.text) - held_back(seq.text, p.stop)
+        new, seq.released = seq.text[seq.released:end], end
+        return new
 
-    def _finish_seq(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
-        self.scheduler.seq_finished(seq)
+    def _ends(self, token: int, params: SamplingParams) -> bool:
+        return (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
 
     def _beam_step(self, request: Request, pairs: list[tuple[Sequence, np.ndarray]]) -> None:
-        """Keep the beam_width best continuations of all live beams.
-
-        Each beam proposes its 2 * width most likely next tokens, scored by cumulative log
-        probability; the best `width` that do not end the text become the new beams. A beam
-        with several children is fork()ed (they share its frames; the first write copies the
-        partial last block); a beam with none is dropped and its frames freed. Candidates ending
-        in eos are kept as finished hypotheses, scored by log probability per output token.
-        """
-        p, width = request.params, request.params.beam_width
-        candidates = []
-        for seq, row in pairs:
-            logprobs = log_softmax(row[None])[0]
-            for token in most_likely(logprobs, 2 * width):
-                candidates.append((seq.cumulative_logprob + logprobs[token], seq, int(token)))
-        candidates.sort(key=lambda c: -c[0])
-        children: dict[Sequence, list[tuple[float, int]]] = {}
-        kept = 0
-        for score, parent, token in candidates:
-            if kept == width:
-                break
-            ends = (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids
-            if ends:
-                done = Sequence(-1, parent.token_ids + [token], parent.prompt_len, cumulative_logprob=score,
-                                finish_reason="stop")
-                request.done_beams.append(done)
-            else:
-                children.setdefault(parent, []).append((score, token))
-                kept += 1
+        """Apply one step of beam search (minipaged.beam): fork, extend and drop beams."""
+        p = request.params
+        update = beam.step(pairs, p.beam_width, lambda token: self._ends(token, p))
+        for c in update.done:
+            request.done_beams.append(Sequence(-1, c.parent.token_ids + [c.token], c.parent.prompt_len,
+                                               cumulative_logprob=c.score, finish_reason="stop"))
+        for seq in update.drop:
+            seq.finish_reason = "pruned"
+            self.scheduler.free_seq(seq)
         live = []
-        for parent, _ in pairs:
-            kids = children.get(parent, [])
-            if not kids:
-                parent.finish_reason = "pruned"
-                self.scheduler.free_seq(parent)
-            for score, token in kids[1:]:  # fork before the parent appends its own token
-                child = Sequence(next(self.seq_ids), list(parent.token_ids), parent.prompt_len,
-                                 num_computed=parent.num_computed, cumulative_logprob=score)
-                self.blocks.fork(parent.seq_id, child.seq_id)
-                child.token_ids.append(token)
-                live.append(child)
-            if kids:
-                parent.cumulative_logprob = kids[0][0]
-                parent.token_ids.append(kids[0][1])
-                live.append(parent)
+        for c in update.fork + update.extend:  # children fork before their parent appends
+            seq = c.parent
+            if c in update.fork:
+                seq = Sequence(next(self.seq_ids), list(c.parent.token_ids), c.parent.prompt_len,
+                               num_computed=c.parent.num_computed)
+                self.blocks.fork(c.parent.seq_id, seq.seq_id)
+            seq.token_ids.append(c.token)
+            seq.cumulative_logprob = c.score
+            live.append(seq)
         request.seqs = live
         for i, seq in enumerate(live):
             seq.index = i
-        out_len = len(live[0].output_ids) if live else 0
-        best_live = max((s.cumulative_logprob for s in live), default=-np.inf) / max(out_len, 1)
-        done = sorted(request.done_beams, key=beam_score, reverse=True)[:width]
-        if out_len >= p.max_tokens or (len(done) >= width and best_live <= beam_score(done[-1])):
+        max_output_len = min(p.max_tokens, self.max_model_len - len(request.prompt_token_ids))
+        if beam.is_over(live, request.done_beams, p.beam_width, max_output_len):
             for seq in live:
-                seq.finish_reason = "length" if out_len >= p.max_tokens else "pruned"
-                if seq.finish_reason == "length":
+                at_limit = len(seq.output_ids) >= max_output_len
+                self._finish_seq(request, seq, "length" if at_limit else "pruned")
+                if at_limit:
                     request.done_beams.append(seq)
-                self.scheduler.free_seq(seq)
 
     # ---- requests in and out -------------------------------------------------------------------
-    def _prompt_ids(self, request_id, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        else:
-            raise ValueError(f"request {request_id!r}: a prompt must be a string or "
-                             f"{{'prompt_token_ids': [...]}}, got {prompt!r:.80}")
+    def _check_request(self, prompt, params) -> tuple[str | None, list[int]]:
+        """Validate one request (ValueError naming what is wrong); its prompt text and ids."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        text, ids = self._prompt_ids(prompt)
         vocab = self.model.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if not ids:
-            raise ValueError(f"request {request_id!r}: prompt is empty: give at least one token")
-        if bad:
-            raise ValueError(f"request {request_id!r}: prompt token id {bad[0]} is outside this "
-                             f"model's vocabulary (0..{vocab - 1})")
+        for name, values in (("prompt token id", ids), ("stop_token_ids entry", params.stop_token_ids)):
+            bad = [t for t in values if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"{name} {bad[0]} is outside this model's vocabulary (0..{vocab - 1})")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"request {request_id!r}: prompt has {len(ids)} tokens; this model's "
-                             f"max_model_len is {self.max_model_len} (and one token must be generated)")
+            raise ValueError(f"prompt has {len(ids)} tokens; this model's max_model_len is "
+                             f"{self.max_model_len} (and one token must be generated)")
+        self._check_fits(len(ids), params)
         return text, ids
 
-    def _check_fits(self, request_id, prompt_len: int, params: SamplingParams) -> None:
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            text, ids = check_text(prompt, "prompt"), self.tokenizer.encode(prompt)
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text = prompt.get("prompt")
+            if text is not None:
+                check_text(text, "prompt")
+            ids = int_list(prompt["prompt_token_ids"], "prompt_token_ids")
+        else:
+            raise ValueError(f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r:.80}")
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        return text, ids
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
         """Refuse a request that could not fit even alone in the KV pool, in the worst case
         (every sample or beam with its own copy of prompt and output, as after a recompute)."""
-        block_size = self.blocks.block_size
         length = min(prompt_len + params.max_tokens, self.max_model_len)
-        needed = max(params.n, params.beam_width) * -(-length // block_size)
-        if needed > self.blocks.device.num_blocks:
-            raise ValueError(f"request {request_id!r} needs {needed} frames of {block_size} tokens "
-                             f"(prompt {prompt_len} + max_tokens {params.max_tokens}, "
-                             f"{max(params.n, params.beam_width)} sequences) but the KV pool has "
-                             f"{self.blocks.device.num_blocks}; give more kv_cache_memory or ask for less")
+        num_seqs = max(params.n, params.beam_width)
+        needed = num_seqs * self.blocks.frames_for(length)
+        if needed > self.blocks.num_frames:
+            raise ValueError(f"it needs {needed} frames of {self.blocks.block_size} tokens (prompt {prompt_len} "
+                             f"+ max_tokens {params.max_tokens}, {num_seqs} sequences) but the KV pool has "
+                             f"{self.blocks.num_frames}; give more kv_cache_memory or ask for less")
+
+    def _finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.scheduler.finish_seq(request, seq)
+
+    def _finish(self, request: Request) -> RequestOutput:
+        """A request whose sequences are all finished leaves the engine; its output."""
+        self.scheduler.finish(request)
+        del self.requests[request.request_id]
+        return self._output(request)
 
     def _output(self, request: Request) -> RequestOutput:
         if request.beam_search:
-            best = sorted(request.done_beams, key=beam_score, reverse=True)[:request.params.n]
+            aborted = [s for s in request.seqs if s.finish_reason == "abort"]
+            best = beam.best(request.done_beams + aborted, request.params.n)
             outputs = [CompletionOutput(i, self.tokenizer.decode(s.output_ids), s.output_ids,
                                         s.finish_reason, s.cumulative_logprob) for i, s in enumerate(best)]
         else:
@@ -368,9 +308,29 @@ class LLMEngine:
 SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
 
 
-def beam_score(seq: Sequence) -> float:
-    """Cumulative log probability per generated token (length penalty 1)."""
-    return seq.cumulative_logprob / max(len(seq.output_ids), 1)
+def make_block_manager(config: EngineConfig, num_blocks: int, host_frames: int, max_positions: int):
+    """Paged memory, or for static batching the baseline before it: one region of
+    max_model_len contiguous slots reserved per sequence (StaticBlockManager)."""
+    if config.scheduler == "static":
+        return StaticBlockManager(num_blocks * config.block_size, config.max_model_len or max_positions)
+    return BlockManager(num_blocks, config.block_size, host_frames, config.enable_prefix_caching)
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string."""
+    return max((k for stop in stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:k])), default=0)
+
+
+def check_text(text, name: str) -> str:
+    """`text` if it is a str that UTF-8 can encode (no lone surrogates), else a ValueError."""
+    if not isinstance(text, str):
+        raise ValueError(f"{name} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"{name} is not valid text: {error.reason} at character {error.start}") from None
+    return text
 
 
 def default_kv_memory(device: str, requested: int) -> int:
@@ -389,7 +349,10 @@ class LLM:
 
     Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
     kv_cache_memory or num_blocks, max_model_len, max_num_seqs, enable_prefix_caching,
-    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static")."""
+    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static").
+
+    `generate`, `stream` and requests added to `llm.engine` by hand may interleave: whoever
+    steps the engine puts every finished output in `unclaimed`, and each caller takes its own."""
 
     def __init__(self, model: str | None = None, device: str | None = None,
                  dtype: str | None = None, **engine_options):
@@ -406,6 +369,7 @@ class LLM:
         self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_options), eos)
         self.load_seconds = time.perf_counter() - start
         self._ids = itertools.count()
+        self.unclaimed: dict[str, RequestOutput] = {}  # finished outputs not yet collected
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -427,29 +391,27 @@ class LLM:
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete each prompt (a string or {"prompt_token_ids": [...]}), all in one engine run.
-        A bad prompt gets an output with `error` set and finish_reason "rejected"; the rest run."""
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        params = params or SamplingParams()
+        A bad prompt gets an output with `error` set and finish_reason "rejected"; the rest run.
+        Interrupted (Ctrl-C), it aborts its own requests, so the engine is left as it was."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
-        results: dict[str, RequestOutput] = {}
-        order = [f"gen-{next(self._ids)}" for _ in prompts]
-        for request_id, prompt, p in zip(order, prompts, params_list):
-            try:
-                self.engine.add_request(request_id, prompt, p)
-            except ValueError as error:
-                ids = prompt.get("prompt_token_ids", []) if isinstance(prompt, dict) else []
-                results[request_id] = RequestOutput(request_id, prompt if isinstance(prompt, str) else None,
-                                                    list(ids), [CompletionOutput(0, "", [], "rejected")],
-                                                    error=str(error))
-        with tqdm(total=len(prompts) - len(results), desc="generating", unit="req", disable=not use_tqdm) as bar:
-            while len(results) < len(order):
-                for output in self.engine.step().finished:
-                    results[output.request_id] = output
-                    bar.update(1)
-        return [results[r] for r in order]
+        order = [self._new_id("generate") for _ in prompts]
+        try:
+            for request_id, prompt, p in zip(order, prompts, params_list):
+                try:
+                    self.engine.add_request(request_id, prompt, p)
+                except ValueError as error:
+                    self.unclaimed[request_id] = rejected(request_id, prompt, error)
+            pending = [r for r in order if r not in self.unclaimed]
+            with tqdm(total=len(pending), desc="generating", unit="req", disable=not use_tqdm) as bar:
+                for _ in self._run_until(pending):
+                    bar.update(sum(r in self.unclaimed for r in pending) - bar.n)
+            return [self.unclaimed.pop(r) for r in order]
+        finally:
+            for request_id in order:
+                self._forget(request_id)
 
     def chat(self, messages, params: SamplingParams | None = None,
              use_tqdm: bool = False) -> RequestOutput | list[RequestOutput]:
@@ -461,20 +423,44 @@ class LLM:
         return outputs[0] if single else outputs
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield the text of one request's first sequence piece by piece as it is generated.
-        Closing the iterator early (or Ctrl-C) aborts the request and frees its frames."""
-        request_id = f"stream-{next(self._ids)}"
+        """Yield the text of one request's first sequence piece by piece as it is generated
+        (text that could still turn out to be a stop string waits until it is decided; beam
+        search yields its best text at the end). Closing the iterator early (or Ctrl-C) aborts
+        the request and frees its frames; `last_output` then holds its RequestOutput."""
+        request_id = self._new_id("stream")
         self.engine.add_request(request_id, prompt, params)
-        self.last_output = None
+        self.last_output, sent = None, ""
         try:
-            while True:
-                report = self.engine.step()
-                if request_id in report.new_text:
-                    yield report.new_text[request_id]
-                for output in report.finished:
-                    if output.request_id == request_id:
-                        self.last_output = output
-                        return
+            for _ in self._run_until([request_id]):
+                text = self.engine.text_so_far(request_id) if request_id in self.engine.requests else sent
+                if len(text) > len(sent):
+                    yield text[len(sent):]
+                    sent = text
+            self.last_output = self.unclaimed.pop(request_id)
+            if self.last_output.outputs and len(self.last_output.outputs[0].text) > len(sent):
+                yield self.last_output.outputs[0].text[len(sent):]
         finally:
-            if request_id in self.engine.requests:
-                self.last_output = self.engine.abort_request(request_id)
+            self.last_output = self._forget(request_id) or self.last_output
+
+    # ---- several callers, one engine ----------------------------------------------------------
+    def _run_until(self, request_ids: list[str]) -> Iterator[None]:
+        """Step the engine until these requests are finished. Every finished output goes to
+        `unclaimed`, where its caller (generate, stream, or a user of `engine`) collects it."""
+        while not all(r in self.unclaimed for r in request_ids):
+            for output in self.engine.step().finished:
+                self.unclaimed[output.request_id] = output
+            yield
+
+    def _new_id(self, kind: str) -> str:
+        """A request id nobody holds: users may name their own requests "generate-0" too."""
+        request_id = f"{kind}-{next(self._ids)}"
+        while request_id in self.engine.requests or request_id in self.unclaimed:
+            request_id = f"{kind}-{next(self._ids)}"
+        return request_id
+
+    def _forget(self, request_id: str) -> RequestOutput | None:
+        """Abort a request of ours that still runs (an interrupted call), or drop its output
+        that nobody collected; returns that output."""
+        if request_id in self.engine.requests:
+            return self.engine.abort_request(request_id)
+        return self.unclaimed.pop(request_id, None)

@@ -3,7 +3,7 @@
 On the path of a request this sits between the scheduler and the model. The scheduler chose the
 sequences and how many new tokens each brings; the block manager gave those tokens slots. Here
 the step becomes flat arrays (token ids, positions, slot_mapping, block_tables, context_lens),
-pending copy-on-write copies are applied, and the model runs with `PagedAttention` in every
+the step's memory moves (swaps, copy-on-write) are made first, and the model runs with `PagedAttention` in every
 layer. The model never sees an allocator, only these arrays.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from minipaged.attention import get_attention
 from minipaged.backend import to_numpy
 from minipaged.model import Model
-from minipaged.paging import KVCache, StepArrays
+from minipaged.paging import KVCache, MemoryMoves, StepArrays
 
 
 class PagedAttention:
@@ -53,14 +53,17 @@ class ModelRunner:
         impl = attention or get_attention(model.device)
         self.attention = PagedAttention(kv_cache, impl, model.config.head_dim)
 
-    def step(self, new_tokens: list[list[int]], arrays: StepArrays, copies=()) -> np.ndarray:
+    def move(self, moves: MemoryMoves) -> None:
+        """Make a step's memory moves (swaps, then copy-on-write with the attention
+        implementation's copy_blocks kernel) before any of its K or V is written."""
+        self.kv.apply(moves, self.attention.impl.copy_blocks)
+
+    def step(self, new_tokens: list[list[int]], arrays: StepArrays) -> np.ndarray:
         """Logits (num_seqs, vocab) of each sequence's last token.
 
         new_tokens[i] are the last len(new_tokens[i]) tokens of sequence i's context_lens[i]
         (a whole uncached prompt at prefill, one token at decode); `arrays` come from
-        BlockManager.step_arrays; `copies` are this step's copy-on-write (src, dst) frames,
-        applied before any K or V is written."""
-        self.kv.copy_blocks(list(copies))
+        BlockManager.step_arrays (padding rows, if any, follow the real ones)."""
         query_lens = [len(t) for t in new_tokens]
         positions = np.concatenate([np.arange(c - n, c) for c, n in zip(arrays.context_lens, query_lens)])
         last_rows = np.cumsum(query_lens) - 1                   # (num_seqs,) row of each last token

@@ -27,27 +27,78 @@ class SamplingParams:
     beam_width: int = 1             # > 1: beam search (deterministic); returns the n best beams
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        checks = [
-            (self.n >= 1, f"n must be at least 1, got {self.n}"),
-            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
-            (self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (off) or >= 1, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
-            (all(s for s in self.stop), "stop strings must not be empty"),
-            (self.beam_width >= 1, f"beam_width must be at least 1, got {self.beam_width}"),
-            (self.beam_width == 1 or self.n <= self.beam_width,
-             f"beam search returns at most beam_width={self.beam_width} beams, but n={self.n}"),
-            (self.beam_width == 1 or not self.stop, "stop strings are not supported with beam search"),
-        ]
-        for ok, message in checks:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field's type and range (ValueError naming the field); the engine calls
+        it again at add_request, so a field changed after construction is checked too."""
+        self.stop = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
+        self.stop_token_ids = int_list([] if self.stop_token_ids is None else self.stop_token_ids,
+                                       "stop_token_ids")
+        for name, low in [("n", 1), ("max_tokens", 1), ("beam_width", 1), ("top_k", -1)]:
+            check_int(name, getattr(self, name), low)
+        check_real("temperature", self.temperature, 0, "(0 = greedy)")
+        check_real("top_p", self.top_p, 0, "and at most 1")
+        if self.seed is not None:
+            check_int("seed", self.seed, 0)
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r:.80}")
+        for ok, message in self._relations():
             if not ok:
                 raise ValueError(message)
+
+    def _relations(self) -> list[tuple[bool, str]]:
+        beam = self.beam_width > 1
+        return [
+            (self.top_k != 0, "top_k must be -1 (off) or >= 1, got 0"),
+            (self.top_p > 0 and self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (not beam or self.n <= self.beam_width,
+             f"beam search returns at most beam_width={self.beam_width} beams, but n={self.n}"),
+            (not beam or not self.stop, "stop strings are not supported with beam search"),
+            (not beam or self.temperature in (0, 1),
+             f"beam search ranks beams by the model's own log probabilities, so temperature="
+             f"{self.temperature} would be ignored: leave it at 1.0 (or 0)"),
+            (not beam or (self.top_k == -1 and self.top_p == 1),
+             "beam search considers every token: top_k and top_p cannot be set with beam_width > 1"),
+        ]
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def is_int(value) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    if not is_int(value):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+
+
+def check_real(name: str, value, minimum: float, more: str) -> None:
+    if not (is_int(value) or isinstance(value, (float, np.floating))) or not minimum <= value < np.inf:
+        raise ValueError(f"{name} must be a number >= {minimum} {more}, got {value!r}")
+
+
+def int_list(value, name: str) -> list[int]:
+    """A list of ints from a list or tuple of ints, or a 1-D NumPy integer array; anything
+    else (floats, strings, bools, nesting) is a ValueError naming `name`: nothing is coerced."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or not np.issubdtype(value.dtype, np.integer):
+            raise ValueError(f"{name} must be a 1-D integer array, got {value.dtype} of shape {value.shape}")
+        return value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of integers, got {type(value).__name__} {value!r:.40}")
+    for v in value:
+        if not is_int(v):
+            raise ValueError(f"{name} must hold integers only, got {v!r:.40} ({type(v).__name__})")
+    return [int(v) for v in value]
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -18,8 +18,9 @@ one batch anyway, so a newly admitted prompt joins the running decodes at once i
 making them wait a step (no chunked prefill: a prompt is computed in one step, which is why
 `max_num_batched_tokens` must be at least `max_model_len`).
 
-`StaticScheduler` is the pre-Orca baseline: a batch is formed once, over the static allocator,
-and runs until its longest member finishes; nobody joins in between.
+The same scheduler runs the pre-Orca baseline under the `STATIC` policy: a batch is formed
+only when the last one is done, reserves its whole run's memory up front, and its finished
+sequences stay in it as padding rows until its longest member finishes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from minipaged.paging import BlockManager, CowPair, StaticBlockManager
+from minipaged.paging import BlockManager, MemoryMoves
 from minipaged.sampling import SamplingParams
 
 
@@ -52,6 +53,7 @@ class Sequence:
     generator: object = None      # the sampler's random stream
     detokenizer: object = None    # the engine's incremental detokenizer
     text: str = ""
+    released: int = 0             # characters of `text` handed out (the rest may start a stop string)
 
     @property
     def output_ids(self) -> list[int]:
@@ -72,7 +74,7 @@ class Request:
     seqs: list[Sequence]
     arrival: int = 0
     status: Status = Status.WAITING
-    num_cached_tokens: int = 0      # prompt tokens found in the prefix cache
+    num_cached_tokens: int = 0      # prompt tokens found in the prefix cache at first admission
     done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses
 
     @property
@@ -100,15 +102,30 @@ class Scheduled:
 class Batch:
     """What one step runs, and the memory moves to make before it runs."""
     scheduled: list[Scheduled] = field(default_factory=list)
-    copies: list[CowPair] = field(default_factory=list)          # copy-on-write (src, dst)
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host) frames
-    swap_in: list[tuple[int, int]] = field(default_factory=list)   # (host, device) frames
-    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request_id, mode)
-    cached_tokens: int = 0                                      # prefix-cache hits admitted
+    padding: list[tuple[Request, Sequence]] = field(default_factory=list)  # static: finished rows, computed anyway
+    moves: MemoryMoves = field(default_factory=MemoryMoves)  # swaps and copy-on-write, before the forward
+    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request_id, "recompute"/"swap")
+    cached_tokens: int = 0                                     # prefix-cache hits admitted
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """How batches form: each field is one thing Orca changed about FasterTransformer's batches."""
+    name: str
+    joins_running_batch: bool  # may a request join while others run (else: only an empty batch)?
+    reserves_whole_run: bool   # does admission take every frame the run could need, up front?
+    keeps_finished_rows: bool  # do finished sequences stay in the batch as padding until it ends?
+
+
+CONTINUOUS = BatchingPolicy("continuous", joins_running_batch=True, reserves_whole_run=False,
+                            keeps_finished_rows=False)
+STATIC = BatchingPolicy("static", joins_running_batch=False, reserves_whole_run=True,
+                        keeps_finished_rows=True)
+POLICIES = {p.name: p for p in (CONTINUOUS, STATIC)}
 
 
 @dataclass(slots=True)
@@ -117,23 +134,28 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 4096
     preemption_mode: str = "recompute"   # or "swap"
     watermark: float = 0.01              # fraction of frames admission leaves free
+    max_model_len: int = 2048            # the longest a sequence may grow
+    policy: str = "continuous"           # or "static": the pre-Orca baseline
 
     def __post_init__(self):
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduler must be one of {sorted(POLICIES)}, got {self.policy!r}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
 
 
 class Scheduler:
-    """Continuous batching over a BlockManager (see the module docstring for the policy)."""
+    """Batching over a BlockManager (see the module docstring for the policy)."""
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager):
-        self.config, self.blocks = config, blocks
+        self.config, self.blocks, self.policy = config, blocks, POLICIES[config.policy]
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.watermark_frames = int(config.watermark * blocks.device.num_blocks)
+        self.padding: list[tuple[Request, Sequence]] = []  # static: finished rows of the batch
+        self.watermark_frames = int(config.watermark * blocks.num_frames)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -146,110 +168,133 @@ class Scheduler:
         self._reserve_decode_slots(batch)
         if not batch.preempted:
             self._swap_in(batch)
-        if not batch.preempted and not self.swapped:
+        if not batch.preempted and not self.swapped and (self.policy.joins_running_batch or not self.running):
             self._admit(batch)
+        batch.padding = list(self.padding)
         return batch
 
+    def finish_seq(self, request: Request, seq: Sequence) -> None:
+        """A sequence is done: its frames go back at once (static: at the end of its batch)."""
+        if self.policy.keeps_finished_rows and self.blocks.has(seq.seq_id):
+            self.padding.append((request, seq))
+        else:
+            self.free_seq(seq)
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Release a sequence's frames now (a pruned beam, or the end of a batch)."""
+        if self.blocks.has(seq.seq_id):
+            self.blocks.free(seq.seq_id)
+
     def finish(self, request: Request) -> None:
-        """Remove a finished (or aborted) request from its queue and free its frames."""
+        """A request whose sequences are all finished (or aborted) leaves its queue. A static
+        batch ends with its last request: then its padding rows leave too."""
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
-        for seq in request.seqs:
-            self.free_seq(seq)
         request.status = Status.FINISHED
-
-    def free_seq(self, seq: Sequence) -> None:
-        if seq.seq_id in self.blocks.tables:
-            self.blocks.free(seq.seq_id)
-
-    def seq_finished(self, seq: Sequence) -> None:
-        """A sequence of a running request is done: its frames go back at once."""
-        self.free_seq(seq)
+        if not self.running:
+            for _, seq in self.padding:
+                self.free_seq(seq)
+            self.padding.clear()
 
     # ---- the three phases ---------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
-        """Every live sequence of every running request gets a slot for its next token."""
-        queue, kept = deque(self.running), []
+        """Every live sequence of every running request gets a slot for its next token,
+        preempting the most recently admitted requests while the frames do not suffice."""
+        queue, self.running = deque(self.running), []
         while queue:
             request = queue.popleft()
-            ids = [s.seq_id for s in request.live]
-            while not self.blocks.can_append_slots(*ids):
-                victim = queue.pop() if queue else request  # the most recently admitted
+            while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
+                victim = queue.pop() if queue else request
                 self._preempt(victim, batch)
                 if victim is request:
                     break
             else:
-                for seq in request.live:
-                    _, cow = self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
-                    if cow:
-                        batch.copies.append(cow)
-                    batch.scheduled.append(Scheduled(seq, request, 1, [seq]))
-                kept.append(request)
-        self.running = kept
+                self._schedule_decode(request, batch)
 
     def _swap_in(self, batch: Batch) -> None:
         while self.swapped:
             request = self.swapped[0]
             ids = [s.seq_id for s in request.live]
             if (not self.blocks.can_swap_in(*ids)
-                    or len(self._running_seqs()) + len(ids) > self.config.max_num_seqs):
+                    or self._num_running_seqs() + len(ids) > self.config.max_num_seqs):
                 return
             self.swapped.popleft()
-            batch.swap_in += self.blocks.swap_in(*ids)
-            for seq in request.live:  # its next token was sampled before it left
-                _, cow = self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
-                if cow:
-                    batch.copies.append(cow)
-                batch.scheduled.append(Scheduled(seq, request, 1, [seq]))
-            request.status = Status.RUNNING
-            self.running.append(request)
+            batch.moves.swap_in += self.blocks.swap_in(*ids)
+            self._schedule_decode(request, batch)  # its next token was sampled before it left
 
     def _admit(self, batch: Batch) -> None:
+        budget, promised = self.blocks.num_free_frames, 0
         while self.waiting:
             request = self.waiting[0]
-            live = request.live
-            new_tokens = sum(len(s.token_ids) for s in live)  # an upper bound: hits lower it
-            frames = sum(-(-len(s.token_ids) // self.blocks.block_size) for s in live)
+            mapped = self._to_map(request)
             alone = not self.running  # a request that fits an idle engine is always admitted
-            if not alone and (len(self._running_seqs()) + len(live) > self.config.max_num_seqs
-                              or batch.num_tokens + new_tokens > self.config.max_num_batched_tokens):
+            if not alone and (self._num_running_seqs() + len(request.live) > self.config.max_num_seqs
+                              or batch.num_tokens + sum(len(s.token_ids) for s in mapped)
+                              > self.config.max_num_batched_tokens):
                 return
-            if frames > self.blocks.num_free_frames - (0 if alone else self.watermark_frames):
+            keep_free = 0 if alone or self.policy.reserves_whole_run else self.watermark_frames
+            if promised + self._frames_to_admit(request, mapped) > budget - keep_free:
                 return
+            promised += self._frames_to_admit(request, mapped)
             self.waiting.popleft()
-            self._allocate(request, batch)
-            request.status = Status.RUNNING
-            self.running.append(request)
+            self._allocate(request, mapped, batch)
 
-    def _allocate(self, request: Request, batch: Batch) -> None:
-        """Map a request's sequences into frames (prefix-cache hits reused) and schedule the
-        tokens not yet in the cache. A fresh request with n > 1 samples maps one sequence and
-        fork()s the others from it: they share the prompt's frames, and take their first token
-        from the same logits."""
-        fresh = all(s.num_computed == 0 and len(s.token_ids) == request.seqs[0].prompt_len
-                    for s in request.seqs) and len(request.seqs) > 1
-        first, *rest = request.live
-        for seq in ([first] if fresh else request.live):
-            hits = self.blocks.allocate(seq.seq_id, seq.token_ids)
-            seq.num_computed = hits
-            batch.cached_tokens += hits
-            samplers = request.live if fresh else [seq]
-            batch.scheduled.append(Scheduled(seq, request, len(seq.token_ids) - hits, samplers, "prefill"))
-        if fresh:
-            for seq in rest:
-                self.blocks.fork(first.seq_id, seq.seq_id)
-                seq.num_computed = first.num_computed
-        if request.num_cached_tokens == 0:
+    # ---- the steps they share -------------------------------------------------------------
+    def _schedule_decode(self, request: Request, batch: Batch) -> None:
+        """One new slot per live sequence for its last sampled token (copying a shared frame
+        first where needed); the request runs this step."""
+        for seq in request.live:
+            _, cow = self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
+            if cow:
+                batch.moves.copies.append(cow)
+            batch.scheduled.append(Scheduled(seq, request, 1, [seq]))
+        request.status = Status.RUNNING
+        self.running.append(request)
+
+    def _to_map(self, request: Request) -> list[Sequence]:
+        """The sequences admission maps into frames: a fresh request with n > 1 samples maps
+        one, and the others fork() from it; after a recompute, each live one is mapped."""
+        live = request.live
+        fresh = len(live) > 1 and not any(s.output_ids for s in live)
+        return live[:1] if fresh else live
+
+    def _frames_to_admit(self, request: Request, mapped: list[Sequence]) -> int:
+        """Frames admission counts: the prompts' now (continuous: sequences grow later and are
+        preempted if they must), or the worst case of the whole run (static: nobody is
+        preempted, so every sequence's reservation is taken at once)."""
+        if not self.policy.reserves_whole_run:
+            return sum(self.blocks.frames_for(len(s.token_ids)) for s in mapped)
+        p = request.params
+        final_len = min(len(request.prompt_token_ids) + p.max_tokens, self.config.max_model_len)
+        return max(p.n, p.beam_width) * self.blocks.frames_for(final_len)
+
+    def _allocate(self, request: Request, mapped: list[Sequence], batch: Batch) -> None:
+        """Map the sequences (prefix-cache hits reused), fork the rest of a fresh request's
+        samples (they share the prompt's frames and sample from the same logits), and schedule
+        the tokens not yet in the cache."""
+        first, live = mapped[0], request.live
+        for seq in mapped:
+            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            batch.cached_tokens += seq.num_computed
+            samplers = live if len(mapped) < len(live) else [seq]
+            batch.scheduled.append(Scheduled(seq, request, len(seq.token_ids) - seq.num_computed,
+                                             samplers, "prefill"))
+        for seq in live[len(mapped):]:
+            self.blocks.fork(first.seq_id, seq.seq_id)
+            seq.num_computed = first.num_computed
+        if not first.output_ids:  # first admission: later ones find generated tokens cached too
             request.num_cached_tokens = first.num_computed
+        request.status = Status.RUNNING
+        self.running.append(request)
 
     def _preempt(self, request: Request, batch: Batch) -> None:
         """Take a running request's frames away: to host memory (swap; recompute when the host
         pool is full too) or for good (recompute). The caller drops it from `running`."""
         ids = [s.seq_id for s in request.live]
         mode = self.config.preemption_mode
-        if mode == "swap" and self.blocks.host.num_free >= len(self._frames_of(ids)):
-            batch.swap_out += self.blocks.swap_out(*ids)
+        if mode == "swap" and self.blocks.can_swap_out(*ids):
+            batch.moves.swap_out += self.blocks.swap_out(*ids)
             request.status = Status.SWAPPED
             self.swapped.append(request)
         else:
@@ -261,51 +306,9 @@ class Scheduler:
             self.waiting.appendleft(request)
         batch.preempted.append((request.request_id, mode))
 
-    def _running_seqs(self) -> list[Sequence]:
-        return [s for r in self.running for s in r.live]
-
-    def _frames_of(self, ids) -> set[int]:
-        return {f for i in ids for f in self.blocks.block_table(i)}
+    def _num_running_seqs(self) -> int:
+        return sum(len(r.live) for r in self.running)
 
 
-class StaticScheduler(Scheduler):
-    """The pre-Orca baseline: fill a batch while reserved memory lasts (max_model_len slots per
-    sequence, the StaticBlockManager), run it until its longest member finishes, then the next.
-
-    Finished members stay in the batch as padding, as in a fixed-shape batch: they are computed
-    (the engine feeds them a pad token) but produce nothing, which is the waste Orca removed."""
-
-    def __init__(self, config: SchedulerConfig, blocks: StaticBlockManager):
-        super().__init__(config, blocks)
-        self.watermark_frames = 0
-        self.batch: list[Request] = []
-
-    def schedule(self) -> Batch:
-        batch = Batch()
-        if all(r.status is Status.FINISHED for r in self.batch):
-            self.batch = []
-            self._admit(batch)
-            self.batch = list(self.running)
-            return batch
-        for request in self.batch:
-            for seq in request.seqs:  # finished ones too: they are padding in a fixed batch
-                if not seq.finished:
-                    self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
-                batch.scheduled.append(Scheduled(seq, request, 1, [] if seq.finished else [seq]))
-        return batch
-
-    def seq_finished(self, seq: Sequence) -> None:
-        """Nothing yet: a finished member stays in the fixed batch as a padding row."""
-
-    def finish(self, request: Request) -> None:
-        """Keep a finished request's frames until the whole batch is done (padding rows)."""
-        request.status = Status.FINISHED
-        if all(r.status is Status.FINISHED for r in self.batch):
-            for r in self.batch:
-                self.running.remove(r)
-                for seq in r.seqs:
-                    self.free_seq(seq)
-
-
-__all__ = ["Scheduler", "StaticScheduler", "SchedulerConfig", "Sequence", "Request", "Batch",
-           "Scheduled", "Status"]
+__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES",
+           "Sequence", "Request", "Batch", "Scheduled", "Status"]

@@ -15,9 +15,11 @@ import sys
 import pexpect
 import pytest
 
+from minipaged.backend import cuda_available
 from minipaged.chat import parse_args, parse_size
 from minipaged.offline_model import offline_default_model
 from minipaged.paging import BlockManager
+from minipaged.weights import resolve_model
 
 BLOCK = 16  # the chat's default block size
 # One BLAS thread: on a 2-core machine shared with the pytest process (or other test runs),
@@ -56,6 +58,8 @@ def test_help_explains_every_option(capsys):
         assert re.search(rf"^\s+{option} \S+\s+\w", text, re.M), f"{option} is not explained"
     for command in ["/stats", "/pages", "/reset", "/help", "/quit"]:
         assert command in text
+    description = text.split("\n\n")[1]
+    assert description.startswith("Chat in the terminal") and "`" not in description
 
 
 def test_sizes_read_as_people_write_them():
@@ -87,7 +91,48 @@ def test_a_bad_option_is_one_line_saying_what_to_fix(model):
     result = subprocess.run(chat_command(model, "--max-tokens", "0"), input="", capture_output=True,
                             text=True, timeout=60, env=ENV)
     assert result.returncode == 2
-    assert result.stderr.strip() == "python -m minipaged.chat: max_tokens must be at least 1, got 0"
+    assert result.stderr.strip() == "python -m minipaged.chat: max_tokens must be an integer >= 1, got 0"
+
+
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    """The chat's error line, after checking it is the only thing besides the loading notes."""
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    notes = [line for line in result.stderr.splitlines() if not line.startswith(("loading ", "  files: "))]
+    assert len(notes) == 1 and notes[0].startswith("python -m minipaged.chat: "), result.stderr
+    return notes[0]
+
+
+@pytest.mark.slow
+def test_an_engine_setting_the_engine_refuses_is_one_line(model):
+    result = run_pipe(model, ["hello"], "--kv-cache-memory", "1k")   # too small for one frame
+    assert "kv_cache_memory" in one_line_error(result)
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has a GPU")
+def test_a_missing_gpu_is_one_line(model):
+    result = subprocess.run(chat_command(model), input="hello\n", capture_output=True, text=True,
+                            timeout=60, env=ENV | {"MINIPAGED_DEVICE": "cuda"})
+    assert "no CUDA device is usable" in one_line_error(result)
+
+
+def test_a_model_that_cannot_be_found_is_one_short_message():
+    result = subprocess.run(chat_command("does/not-exist"), input="hello\n", capture_output=True,
+                            text=True, timeout=60, env=ENV)
+    line = one_line_error(result)
+    assert "model 'does/not-exist' is not a local folder" in line and len(line) < 400
+    with pytest.raises(FileNotFoundError) as caught:   # and through the Python API: no chain
+        resolve_model("does/not-exist")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+@pytest.mark.slow
+def test_bytes_that_are_not_utf8_do_not_end_the_chat(model):
+    """Issue 10, defect 10: invalid UTF-8 on stdin reached the tokenizer and ended the chat."""
+    result = subprocess.run(chat_command(model, "--max-tokens", "4"), input=b"\xff\xfe x\nhi\n",
+                            capture_output=True, timeout=240, env=ENV)
+    stderr = result.stderr.decode()
+    assert result.returncode == 0 and "Traceback" not in stderr, stderr
+    assert len(turn_notes(stderr)) == 2   # both lines answered, the first with U+FFFD for its bytes
 
 
 # ---- through a pipe: what scripts see --------------------------------------------------------
@@ -110,6 +155,7 @@ def stats_numbers(block: str) -> dict:
     return {name: float(re.search(pattern, block)[1]) for name, pattern in numbers.items()}
 
 
+@pytest.mark.slow
 def test_a_piped_conversation_remembers_reuses_its_pages_and_resets(model):
     result = run_pipe(model, ["My name is Ada. Please remember it.", "/stats", "What is my name?",
                               "/stats", "/pages", "/reset", "What is my name?", "/stats"],
@@ -149,6 +195,7 @@ def test_a_piped_conversation_remembers_reuses_its_pages_and_resets(model):
     assert all(len(line) <= 80 for line in pages.splitlines())
 
 
+@pytest.mark.slow
 def test_a_conversation_longer_than_the_context_drops_its_oldest_turns(model):
     topics = ["cats", "dogs", "birds"]
     messages = [f"Tell me about {t} and why people like them as pets." for t in topics]
@@ -165,6 +212,7 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns(model):
 
 # ---- through a terminal: what people see -----------------------------------------------------
 
+@pytest.mark.slow
 def test_a_terminal_session_streams_stops_on_ctrl_c_and_leaves_on_ctrl_d(model):
     python, *args = chat_command(model, "--max-tokens", "48")
     child = pexpect.spawn(python, args, env=ENV, encoding="utf-8", timeout=90, dimensions=(40, 80))

@@ -96,9 +96,9 @@ def test_chat_uses_the_template(llm):
 
 
 def test_sampling_params_errors():
-    for bad, said in [(dict(temperature=-1), "temperature must be >= 0"), (dict(top_p=0), "top_p"),
+    for bad, said in [(dict(temperature=-1), "temperature must be a number >= 0"), (dict(top_p=0), "top_p"),
                       (dict(top_k=0), "top_k must be -1"), (dict(max_tokens=0), "max_tokens"),
-                      (dict(n=0), "n must be at least 1"), (dict(stop=[""]), "stop strings")]:
+                      (dict(n=0), "n must be an integer >= 1"), (dict(stop=[""]), "non-empty strings")]:
         with pytest.raises(ValueError, match=said):
             SamplingParams(**bad)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minipaged.model import Model
-from minipaged.paging import BlockManager, KVCache
+from minipaged.paging import BlockManager, KVCache, MemoryMoves
 from minipaged.oracle import greedy_generate
 from minipaged.runner import ModelRunner
 
@@ -32,7 +32,8 @@ def paged_greedy(model, prompts, max_tokens, block_size=4, num_blocks=256, forks
     for _ in range(max_tokens - 1):
         copies = [cow for i in ids if (cow := manager.append_slot(i, outs[i][-1])[1])]
         copies_seen += len(copies)
-        logits = runner.step([[outs[i][-1]] for i in ids], manager.step_arrays(ids, [1] * len(ids)), copies)
+        runner.move(MemoryMoves(copies=copies))
+        logits = runner.step([[outs[i][-1]] for i in ids], manager.step_arrays(ids, [1] * len(ids)))
         for i, row in zip(ids, logits):
             outs[i].append(int(row.argmax()))
     return outs, {"hits": hits, "copies": copies_seen}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minipaged import bench
-from minipaged.paging import (BlockAllocator, BlockManager, KVCache, NoFreeFramesError, PrefixCache,
+from minipaged.paging import (BlockAllocator, BlockManager, KVCache, MemoryMoves, NoFreeFramesError, PrefixCache,
                               StaticBlockManager, bytes_per_frame, num_blocks_for_memory)
 from minipaged.paging import prefix_cache as prefix_cache_module
 
@@ -225,7 +225,7 @@ def test_kv_cache_shapes_writes_and_copy_on_write_pairs():
     k = np.arange(16, dtype=np.float32).reshape(2, 2, 4)   # (tokens, kv_heads, head_dim)
     reference.write_kv(k, -k, kv.k[1], kv.v[1], np.array([5, 6]))  # slots 5, 6: frame 1, offsets 1, 2
     np.testing.assert_array_equal(kv.k[1, 1, 1:3], k)
-    kv.copy_blocks([(1, 3), (3, 4)])                       # sources are read before any write
+    kv.apply(MemoryMoves(copies=[(1, 3), (3, 4)]), reference.copy_blocks)  # sources read before any write
     np.testing.assert_array_equal(kv.v[1, 3], kv.v[1, 1])
     assert not kv.data[:, :, 4].any()
     assert not kv.k[0].any() and not kv.k[2].any()
@@ -243,9 +243,8 @@ def test_kv_cache_on_the_gpu_moves_k_and_v_like_numpy():
         kv.data[:] = kv.xp.asarray(start)
         slots = kv.xp.asarray(np.array([0, 9, 23], dtype=np.int32))
         get_attention(kv.device).write_kv(kv.xp.asarray(new), kv.xp.asarray(-new), kv.k[1], kv.v[1], slots)
-        kv.copy_blocks([(0, 5), (2, 4)])
-        kv.swap_out([(5, 0), (1, 2)])
-        kv.swap_in([(2, 3)])
+        moves = MemoryMoves(swap_out=[(5, 0), (1, 2)], swap_in=[(2, 3)], copies=[(0, 5), (2, 4)])
+        kv.apply(moves, get_attention(kv.device).copy_blocks)
     np.testing.assert_array_equal(to_numpy(caches[1].data), caches[0].data)
     np.testing.assert_array_equal(caches[1].host, caches[0].host)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from minipaged.attention import reference
-from minipaged.paging import BlockManager, KVCache, NoFreeFramesError, block_hash
+from minipaged.paging import BlockManager, KVCache, MemoryMoves, NoFreeFramesError, block_hash
 
 BLOCK, FRAMES, HOST_FRAMES, LAYERS = 4, 14, 8, 2
 tokens = st.integers(0, 3)  # a tiny vocabulary, so prompts often share blocks
@@ -97,7 +97,7 @@ class PagingMachine(RuleBasedStateMachine):
             return
         if cow is not None:
             assert cow[0] != cow[1] and self.manager.device.ref_count(cow[1]) == 1
-            self.kv.copy_blocks([cow])
+            self.kv.apply(MemoryMoves(copies=[cow]), reference.copy_blocks)
         self.shadow[seq_id].append(token)
         self.write(seq_id, [slot], len(self.shadow[seq_id]) - 1)
 

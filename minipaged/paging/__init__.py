@@ -3,15 +3,15 @@ a prefix (page) cache and swap. The scheduler talks to BlockManager; the model g
 arrays of BlockManager.step_arrays and the KVCache arrays, never these objects.
 """
 
-from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError
+from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
 from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.kv_cache import KVCache, bytes_per_frame, num_blocks_for_memory
-from minipaged.paging.manager import BlockManager, MemoryUsage, StepArrays
+from minipaged.paging.manager import BlockManager, MemoryMoves, MemoryUsage, StepArrays
 from minipaged.paging.prefix_cache import PrefixCache, block_hash
 from minipaged.paging.static import StaticBlockManager
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "BlockTable", "CowPair",
-    "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryUsage",
+    "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
+    "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
     "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager",
 ]

@@ -21,9 +21,15 @@ class NoFreeFramesError(RuntimeError):
     preempt a sequence (swap out or recompute) and retry."""
 
 
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up: how many blocks of size b hold a tokens."""
+    return -(-a // b)
+
+
 def check_size(name: str, value: int, minimum: int = 1) -> int:
     """`value` as an int, or a ValueError that says which size was wrong."""
-    if int(value) != value or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return int(value)
 
@@ -61,10 +67,13 @@ class BlockAllocator:
         return frame
 
     def incref(self, frame: int) -> None:
-        """One more block table maps `frame` (fork, or a prefix-cache hit)."""
+        """One more block table maps `frame` (fork, or a prefix-cache hit, which may take a
+        cached frame nobody mapped out of the LRU)."""
         self._check_frame(frame)
-        if self.ref_counts[frame] == 0 and not (self.prefix_cache and self.prefix_cache.revive(frame)):
-            raise ValueError(f"frame {frame} is free, so nobody can share it: allocate() a frame instead")
+        if self.ref_counts[frame] == 0:
+            if not (self.prefix_cache and self.prefix_cache.is_parked(frame)):
+                raise ValueError(f"frame {frame} is free, so nobody can share it: allocate() a frame instead")
+            self.prefix_cache.revive(frame)
         self.ref_counts[frame] += 1
 
     def free(self, frame: int) -> None:

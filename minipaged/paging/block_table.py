@@ -32,12 +32,10 @@ class BlockTable:
         block_size = self.allocator.block_size
         return self.frames[position // block_size] * block_size + position % block_size
 
-    def frames_needed(self, num_tokens: int) -> int:
-        """Frames that appending `num_tokens` tokens would take, a copy-on-write included."""
-        block_size = self.allocator.block_size
-        new_blocks = -(-(self.num_tokens + num_tokens) // block_size) - len(self.frames)
-        copy = num_tokens > 0 and self.num_tokens % block_size != 0 and self._last_block_shared()
-        return new_blocks + copy
+    @property
+    def last_frame_has_room(self) -> bool:
+        """Does the next token go into the last frame (True) or into a new one (False)?"""
+        return self.num_tokens % self.allocator.block_size != 0
 
     def append_slot(self, token_id: int) -> tuple[int, CowPair | None]:
         """Place the next token: its slot, and the copy-on-write pair when one was needed.
@@ -46,7 +44,7 @@ class BlockTable:
         cow = None
         if offset == 0:  # demand paging: the last frame is full (or there is none)
             self.frames.append(self.allocator.allocate())
-        elif self._last_block_shared():
+        elif self.last_frame_shared():
             cow = self._copy_on_write()
         self.token_ids.append(token_id)
         if offset == self.allocator.block_size - 1:
@@ -75,7 +73,7 @@ class BlockTable:
             self.allocator.free(frame)
         self.frames.clear()
 
-    def _last_block_shared(self) -> bool:
+    def last_frame_shared(self) -> bool:
         return bool(self.frames) and self.allocator.ref_count(self.frames[-1]) > 1
 
     def _copy_on_write(self) -> CowPair:

@@ -2,7 +2,7 @@
 
 One allocation holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a
 host (NumPy) pool of the same shape for swapped-out frames. The block manager decides where
-tokens go; this module moves whole frames (copy-on-write pairs, swaps). New tokens' K and V are
+tokens go; this module moves whole frames (a step's MemoryMoves: swaps and copy-on-write). New tokens' K and V are
 written into their slots by the attention layer (`write_kv` of minipaged.attention).
 """
 
@@ -85,12 +85,16 @@ class KVCache:
     def block_size(self) -> int:
         return self.data.shape[3]
 
-    def copy_blocks(self, pairs) -> None:
-        """Apply copy-on-write (src, dst) frame pairs in every layer, K and V. All sources are
-        read before any destination is written, so one step's pairs go in one call."""
-        if pairs:
-            src, dst = map(list, zip(*pairs))
-            self.data[:, :, dst] = self.data[:, :, src]
+    def apply(self, moves, copy_blocks) -> None:
+        """Make one step's MemoryMoves before its forward pass, in their order: swap out, swap
+        in, then copy-on-write with `copy_blocks(k_cache, v_cache, pairs)` of the attention
+        implementation, layer by layer (on a GPU, the copy_blocks kernel of cuda/cache_ops.cu)."""
+        self.swap_out(moves.swap_out)
+        self.swap_in(moves.swap_in)
+        if moves.copies:
+            pairs = self.xp.asarray(moves.copies, dtype=self.xp.int32)  # (num_copies, 2)
+            for layer in range(self.data.shape[1]):
+                copy_blocks(self.k[layer], self.v[layer], pairs)
 
     def swap_out(self, pairs) -> None:
         """Copy (device_frame, host_frame) pairs to the host pool (BlockManager.swap_out)."""

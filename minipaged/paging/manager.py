@@ -8,12 +8,13 @@ nothing, so the scheduler can preempt and retry. Calls return what the KV cache 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, check_size
+from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
 from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.prefix_cache import block_hash
 
@@ -26,6 +27,16 @@ class StepArrays:
     block_tables: np.ndarray  # (num_seqs, max_blocks) int32, padded with -1
     slot_mapping: np.ndarray  # (num_new_tokens,) int32: where each new token's K and V go
     context_lens: np.ndarray  # (num_seqs,) int32: tokens each sequence attends to
+
+
+@dataclass(slots=True)
+class MemoryMoves:
+    """The frame copies one step needs before its forward pass (KVCache.apply makes them, in
+    this order): swap_out first, since swap_in and copy-on-write may reuse the device frames it
+    leaves; then swap_in; then the copies, whose source may have just come back in."""
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device frame, host frame)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)   # (host frame, device frame)
+    copies: list[CowPair] = field(default_factory=list)            # copy-on-write (src, dst)
 
 
 @dataclass(slots=True)
@@ -58,14 +69,37 @@ class BlockManager:
         self.tables: dict[SeqId, BlockTable] = {}
 
     @property
+    def num_frames(self) -> int:
+        """Frames in the device pool (the KV cache)."""
+        return self.device.num_blocks
+
+    @property
     def num_free_frames(self) -> int:
         """Device frames a new token or sequence could take (evictable cached frames included)."""
         return self.device.num_free
 
+    @property
+    def frames_taken(self) -> int:
+        """Device frames handed out so far (a step's difference is what it took)."""
+        return self.device.num_allocated
+
+    @property
+    def frames_released(self) -> int:
+        """Device frames whose ref count fell to 0 so far."""
+        return self.device.num_released
+
+    def has(self, seq_id: SeqId) -> bool:
+        """Does this sequence hold a block table (on the device or swapped out)?"""
+        return seq_id in self.tables
+
+    def frames_for(self, num_tokens: int) -> int:
+        """Frames that hold `num_tokens` tokens: ceil(num_tokens / block_size)."""
+        return cdiv(num_tokens, self.block_size)
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Would a prompt of `num_tokens` fit now, even with no prefix-cache hit?"""
         check_size("num_tokens", num_tokens, minimum=0)
-        return -(-num_tokens // self.block_size) <= self.num_free_frames
+        return self.frames_for(num_tokens) <= self.num_free_frames
 
     def allocate(self, seq_id: SeqId, token_ids: Sequence[int]) -> int:
         """Map a new sequence's prompt, reusing the frames of its longest cached prefix.
@@ -79,7 +113,7 @@ class BlockManager:
             raise ValueError(f"sequence {seq_id!r} has no tokens: a prompt needs at least one")
         hits = self._cached_prefix(token_ids)
         revived = sum(self.device.ref_counts[frame] == 0 for frame in hits)  # leave the free count
-        needed = -(-len(token_ids) // self.block_size) - len(hits)
+        needed = self.frames_for(len(token_ids)) - len(hits)
         if needed + revived > self.num_free_frames:
             raise NoFreeFramesError(f"sequence {seq_id!r} needs {needed} new frames "
                                     f"but {self.num_free_frames - revived} are free")
@@ -92,13 +126,12 @@ class BlockManager:
         return len(hits) * self.block_size
 
     def can_append_slots(self, *seq_ids: SeqId) -> bool:
-        """Would one more token for each of these sequences fit now? (Conservative: siblings
-        sharing a last frame each count a copy, though the last writer needs none.)"""
-        return sum(self._device_table(s).frames_needed(1) for s in seq_ids) <= self.num_free_frames
+        """Would one more token for each of these sequences fit now (appended in this order)?"""
+        return self._append_cost([self._device_table(s) for s in seq_ids]) <= self.num_free_frames
 
     def append_slot(self, seq_id: SeqId, token_id: int) -> tuple[int, CowPair | None]:
         """Place one new token: returns its slot, and the (src, dst) copy-on-write pair when its
-        block was shared; apply the pair (KVCache.copy_blocks) before writing the token's K and V."""
+        block was shared; apply the pair (KVCache.apply) before writing the token's K and V."""
         return self._device_table(seq_id).append_slot(token_id)
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
@@ -118,9 +151,13 @@ class BlockManager:
         sequences of a group at once: a frame they share then moves once and stays shared."""
         return self._move(seq_ids, self.device, self.host)
 
+    def can_swap_out(self, *seq_ids: SeqId) -> bool:
+        """Would the host pool hold these sequences' frames (shared ones once)?"""
+        return len(self._distinct_frames(seq_ids)) <= self.host.num_free
+
     def can_swap_in(self, *seq_ids: SeqId) -> bool:
         """Would these swapped-out sequences fit back, with room for one more token each?"""
-        more = sum(self._table(s).frames_needed(1) for s in seq_ids)
+        more = self._append_cost([self._table(s) for s in seq_ids])
         return len(self._distinct_frames(seq_ids)) + more <= self.num_free_frames
 
     def swap_in(self, *seq_ids: SeqId) -> list[tuple[int, int]]:
@@ -134,10 +171,14 @@ class BlockManager:
         """The frames of a sequence on the device, in logical order."""
         return list(self._device_table(seq_id).frames)
 
-    def step_arrays(self, seq_ids: Sequence[SeqId], num_new_tokens: Sequence[int]) -> StepArrays:
+    def step_arrays(self, seq_ids: Sequence[SeqId], num_new_tokens: Sequence[int],
+                    padding: Sequence[SeqId] = ()) -> StepArrays:
         """Flat inputs for one forward step over `seq_ids`: padded block tables, context lengths,
         and the slots of each sequence's last num_new_tokens[i] tokens (the uncached prompt
-        tokens at prefill, 1 at decode), in order."""
+        tokens at prefill, 1 at decode), in order. `padding` rows follow: sequences whose last
+        token is computed again but written nowhere (slot -1), as a fixed-shape batch does."""
+        num_new_tokens = list(num_new_tokens) + [1] * len(padding)
+        seq_ids = list(seq_ids) + list(padding)
         tables = [self._device_table(s) for s in seq_ids]
         max_blocks = max((len(t.frames) for t in tables), default=0)
         block_tables = np.full((len(tables), max_blocks), -1, dtype=np.int32)  # (num_seqs, max_blocks)
@@ -147,7 +188,10 @@ class BlockManager:
                 raise ValueError(f"sequence {seq_ids[i]!r} holds {table.num_tokens} tokens; "
                                  f"cannot compute its last {n}")
             block_tables[i, :len(table.frames)] = table.frames
-            slots += [table.slot(p) for p in range(table.num_tokens - n, table.num_tokens)]
+            if i >= len(seq_ids) - len(padding):
+                slots.append(-1)
+            else:
+                slots += [table.slot(p) for p in range(table.num_tokens - n, table.num_tokens)]
         context_lens = np.array([t.num_tokens for t in tables], dtype=np.int32)  # (num_seqs,)
         return StepArrays(block_tables, np.array(slots, dtype=np.int32), context_lens)
 
@@ -217,6 +261,16 @@ class BlockManager:
                 table.frames[i] = moved[frame]
             table.allocator = dst
         return list(moved.items())
+
+    def _append_cost(self, tables: list[BlockTable]) -> int:
+        """Frames that one more token in each table takes, appended in order: a new frame for
+        each table whose last frame is full, and a copy for each writer of a shared partial last
+        frame, except the last writer when no table outside the group maps it (it then owns the
+        frame alone and writes in place)."""
+        new = sum(not t.last_frame_has_room for t in tables)
+        writers = Counter((t.allocator, t.frames[-1]) for t in tables if t.last_frame_has_room)
+        copies = sum(n - (pool.ref_count(frame) == n) for (pool, frame), n in writers.items())
+        return new + copies
 
     def _distinct_frames(self, seq_ids) -> set[int]:
         return {frame for s in seq_ids for frame in self._table(s).frames}

@@ -46,12 +46,12 @@ class PrefixCache:
         """`frame` lost its last user: keep its content; the most recently parked goes last."""
         self.evictable[frame] = None
 
-    def revive(self, frame: int) -> bool:
-        """A hit on a parked frame takes it out of the LRU; False when it was not parked."""
-        if frame not in self.evictable:
-            return False
+    def is_parked(self, frame: int) -> bool:
+        return frame in self.evictable
+
+    def revive(self, frame: int) -> None:
+        """A hit on a parked frame takes it out of the LRU."""
         del self.evictable[frame]
-        return True
 
     def evict(self) -> int:
         """Forget the least recently used parked frame and return it for reuse."""

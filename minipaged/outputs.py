@@ -1,0 +1,79 @@
+"""What the engine hands back: a request's outputs, and a report of each step.
+
+`RequestOutput` and `CompletionOutput` are vLLM's shapes, so code moves over unchanged;
+`StepReport` is minipaged's own: what one `step()` scheduled, paged, copied and finished, as a
+line of text or, collected over a run, a timeline picture (minipaged.viz).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" (eos, stop token/string), "length", "abort", "rejected"
+    cumulative_logprob: float | None = None  # beam search only
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    error: str | None = None    # why the request was rejected; the others still ran
+
+
+@dataclass(slots=True)
+class StepReport:
+    """What one step did: print it for a line, collect them for a timeline picture."""
+    step: int
+    ran: list[tuple[str, int, str, int]]   # (request_id, seq index, "prefill"/"decode", tokens)
+    frames_taken: int
+    frames_freed: int
+    free_frames: int
+    copies: int                            # copy-on-write frame copies
+    swapped_out: int                       # frames moved to host memory
+    swapped_in: int
+    cached_tokens: int                     # prompt tokens found in the prefix cache
+    preempted: list[tuple[str, str]]       # (request_id, "recompute" / "swap")
+    finished: list[RequestOutput]
+    new_text: dict[str, str]               # request_id -> text of its first sequence this step
+    seconds: float
+    padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
+
+    @property
+    def padding(self) -> int:
+        return len(self.padded)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for *_, n in self.ran)
+
+    def __str__(self) -> str:
+        kinds = {"prefill": 0, "decode": 0}
+        for _, _, kind, _ in self.ran:
+            kinds[kind] += 1
+        parts = [f"step {self.step}: {kinds['prefill']} prefill + {kinds['decode']} decode "
+                 f"({self.num_tokens} tokens, {1000 * self.seconds:.0f} ms)",
+                 f"frames +{self.frames_taken} -{self.frames_freed} ({self.free_frames} free)"]
+        extras = [(self.copies, "copy-on-write"), (self.cached_tokens, "cached tokens"),
+                  (self.swapped_out, "frames swapped out"), (self.swapped_in, "frames swapped in")]
+        parts += [f"{n} {what}" for n, what in extras if n]
+        parts += [f"preempted {rid} ({mode})" for rid, mode in self.preempted]
+        parts += [f"finished {o.request_id}" for o in self.finished]
+        return ", ".join(parts)
+
+
+def rejected(request_id: str, prompt, error: ValueError) -> RequestOutput:
+    """The output of a request that add_request refused: no tokens, and why."""
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else None
+    ids = list(ids) if isinstance(ids, (list, tuple)) else []
+    return RequestOutput(request_id, prompt if isinstance(prompt, str) else None, ids,
+                         [CompletionOutput(0, "", [], "rejected")], error=str(error))
