@@ -1,0 +1,803 @@
+"""A fuzzer of the whole engine: every option drawn at random, checked after every step.
+
+Each scenario is drawn from one seed: block size (1, 2, 5, 16), continuous or static scheduler,
+preemption by recompute or swap, prefix caching on or off, max_model_len, a KV pool from the
+smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
+seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
+at random steps (while waiting, running or swapped). The engine is driven by hand and checked
+by code of this file only (it reads engine internals, never changes them):
+
+- after every step, add and abort: each frame's ref count is the number of block tables that
+  map it (device and host pools apart), free + used = total, every table has the frames its
+  tokens need; when the engine is idle, no table is left and every frame is free;
+- on every write of K and V (a wrapper around the attention implementation's write_kv): each
+  slot lies in a mapped frame that no other table maps. The one exception allowed is a write
+  that every table mapping the frame wants, token for token (a prompt prefilled once for all
+  its forked samples, or a block that a same-step request found in the prefix cache);
+- at the end, every output equals the same request run alone with ample memory (same block
+  size and max_model_len; continuous, no prefix caching): token ids, text, finish_reason. An
+  aborted request's tokens and text are prefixes of the alone run's, per sample index.
+  Outputs also obey rules of their own (length limits, no stop string in the text, greedy
+  samples equal, cached tokens fewer than the prompt).
+
+A second test mixes `generate`, `stream` (consumed fully, closed early, abandoned) and
+`engine.add_request` on one `LLM`, and checks that every later `generate` is still right.
+
+Every failure is collected, grouped by kind and printed with its seed and scenario, then the
+run fails. Reproduce one: `MINIPAGED_FUZZ_ONLY=17 pytest tests/test_engine_fuzz.py -k fuzz_engine`
+or call `run_scenario(llm, Scenario(...))` with the printed Scenario. Named scenarios (NAMED)
+pin one feature pair each. The long run: `MINIPAGED_FUZZ_SCALE=10 pytest tests/test_engine_fuzz.py -s`
+(and MINIPAGED_FUZZ_SEED=k draws other scenarios). Each run prints its size and asserts that it
+exercised every feature (preemptions of each mode, aborts in each state, copy-on-write, swaps,
+prefix-cache hits), so the fuzzer cannot silently grow weak.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import pytest
+
+from minipaged import LLM, SamplingParams
+
+SCALE = float(os.environ.get("MINIPAGED_FUZZ_SCALE", "1"))
+BASE_SEED = int(os.environ.get("MINIPAGED_FUZZ_SEED", "0"))
+ONLY = [int(s) for s in os.environ.get("MINIPAGED_FUZZ_ONLY", "").replace(",", " ").split()]
+NUM_SCENARIOS = max(1, round(500 * SCALE))
+NUM_INTERLEAVINGS = max(1, round(20 * SCALE))
+BLOCK_SIZES = (1, 2, 5, 16)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from checkpoints import write_checkpoint
+    return write_checkpoint(tmp_path_factory.mktemp("fuzz"), max_positions=256)
+
+
+@pytest.fixture(scope="module")
+def llm(folder):
+    return LLM(str(folder), device="cpu", num_blocks=64, block_size=16)
+
+
+# ---- scenarios ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything one run draws; the requests come from `seed` too (see draw_requests)."""
+    seed: int
+    block_size: int = 16
+    scheduler: str = "continuous"        # or "static"
+    preemption_mode: str = "recompute"   # or "swap"
+    prefix_caching: bool = True
+    max_model_len: int = 40
+    max_num_seqs: int = 64
+    pool_slack: float = 0.0              # frames above the smallest accepted pool, as a fraction of it
+    num_requests: int = 6
+    kinds: tuple = ("greedy", "sampled", "samples", "beam")
+    abort_rate: float = 0.05             # chance per step that one live request is aborted
+    arrival_spread: int = 8              # half the requests arrive at step 0, the rest by this step
+    stops: bool = True                   # stop strings and stop token ids
+    long_rate: float = 0.2               # requests asking for more than max_model_len holds
+
+    @classmethod
+    def draw(cls, seed: int) -> Scenario:
+        rng = np.random.default_rng([BASE_SEED, seed, 0])
+        pick = lambda options: options[int(rng.integers(len(options)))]
+        return cls(seed=seed, block_size=pick(BLOCK_SIZES),
+                   scheduler="static" if rng.random() < 0.2 else "continuous",
+                   preemption_mode=pick(("recompute", "swap")), prefix_caching=bool(rng.random() < 0.6),
+                   max_model_len=pick((12, 24, 40, 64)), max_num_seqs=pick((64, 64, 4)),
+                   pool_slack=pick((0.0, 0.0, 0.1, 0.3, 1.0)), num_requests=int(rng.integers(2, 9)),
+                   abort_rate=pick((0.0, 0.03, 0.1)), arrival_spread=int(rng.integers(0, 12)),
+                   stops=bool(rng.random() < 0.7), long_rate=pick((0.0, 0.2)))
+
+    def short(self) -> str:
+        """Only the fields that differ from the defaults (what a bug report needs)."""
+        default = Scenario(seed=self.seed)
+        diff = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                if f.name == "seed" or getattr(self, f.name) != getattr(default, f.name)]
+        return f"Scenario({', '.join(diff)})"
+
+
+# One feature pair each: the places where defects were found before (see issue 10).
+NAMED = {
+    "tight-samples-recompute": Scenario(0, kinds=("samples",), preemption_mode="recompute", abort_rate=0,
+                                        num_requests=3, stops=False),
+    "tight-samples-swap": Scenario(0, kinds=("samples",), preemption_mode="swap", abort_rate=0,
+                                   num_requests=3, stops=False),
+    "static-samples": Scenario(0, scheduler="static", kinds=("samples",), abort_rate=0, pool_slack=1.0),
+    "static-beams": Scenario(0, scheduler="static", kinds=("beam",), abort_rate=0, pool_slack=1.0),
+    "static-aborts": Scenario(0, scheduler="static", kinds=("greedy",), abort_rate=0.3, num_requests=8),
+    "beams-long": Scenario(0, kinds=("beam",), long_rate=1.0, abort_rate=0, pool_slack=1.0),
+    "beams-aborted": Scenario(0, kinds=("beam",), abort_rate=0.3, pool_slack=1.0, num_requests=4),
+    "stops-tiny-blocks": Scenario(0, block_size=1, kinds=("greedy", "sampled"), abort_rate=0.1),
+    "swap-prefix-cache": Scenario(0, block_size=2, preemption_mode="swap", kinds=("greedy", "samples"),
+                                  num_requests=8, abort_rate=0.05),
+    "recompute-cached-tokens": Scenario(0, block_size=2, kinds=("greedy",), num_requests=8, abort_rate=0,
+                                        stops=False),
+}
+NAMED_SEEDS = max(1, round(3 * SCALE))
+
+
+@dataclass
+class Req:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    arrival: int
+    kind: str
+
+
+def stop_strings(rng, words) -> list[str]:
+    """A word, a piece of a word, two words in a row, or the end of one word and the start of
+    the next (a stop string across two tokens): some hit often, some rarely."""
+    out = []
+    for _ in range(int(rng.integers(1, 3))):
+        word, other = words[int(rng.integers(len(words)))], words[int(rng.integers(len(words)))]
+        roll = rng.random()
+        if roll < 0.3:
+            out.append(word)
+        elif roll < 0.6:
+            start = int(rng.integers(len(word)))
+            out.append(word[start:start + int(rng.integers(1, 3))])
+        elif roll < 0.8:
+            out.append(f"{word[-int(rng.integers(1, 3)):]} {other[:int(rng.integers(1, 3))]}")
+        else:
+            out.append(f"{word} {other}")
+    return out
+
+
+def draw_params(rng, kind: str, prompt_len: int, max_model_len: int, sc: Scenario, vocab: int, words):
+    room = max_model_len - prompt_len
+    if rng.random() < sc.long_rate:
+        max_tokens = room + int(rng.integers(1, 20))      # max_model_len ends it first
+    else:
+        max_tokens = int(rng.integers(1, max(2, min(16, room) + 1)))
+    extra = {}
+    if sc.stops and rng.random() < 0.3:
+        extra["stop_token_ids"] = rng.integers(5, vocab, int(rng.integers(1, 3))).tolist()
+    extra["ignore_eos"] = bool(rng.random() < 0.5)
+    if kind == "beam":
+        width = int(rng.integers(2, 5))
+        if rng.random() < 0.5:
+            extra["temperature"] = 0.0
+        return SamplingParams(beam_width=width, n=int(rng.integers(1, width + 1)), max_tokens=max_tokens, **extra)
+    if sc.stops and rng.random() < 0.4:
+        extra["stop"] = stop_strings(rng, words)
+    if kind == "greedy":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)
+    if kind == "samples" and rng.random() < 0.4:
+        return SamplingParams(n=int(rng.integers(2, 5)), temperature=0.0, max_tokens=max_tokens, **extra)
+    if rng.random() < 0.3:
+        extra["top_k"] = int(rng.integers(1, 20))
+    if rng.random() < 0.3:
+        extra["top_p"] = float(rng.choice([0.5, 0.9]))
+    n = int(rng.integers(2, 5)) if kind == "samples" else 1
+    return SamplingParams(n=n, temperature=float(rng.choice([0.7, 1.0, 1.5])), seed=int(rng.integers(1000)),
+                          max_tokens=max_tokens, **extra)
+
+
+def draw_requests(sc: Scenario, vocab: int, words) -> list[Req]:
+    rng = np.random.default_rng([BASE_SEED, sc.seed, 1])
+    limit = sc.max_model_len - 2  # longest prompt
+    prefixes = [rng.integers(5, vocab, int(rng.integers(1, max(2, min(3 * sc.block_size + 2, limit))))).tolist()
+                for _ in range(2)]
+    reqs: list[Req] = []
+    for i in range(sc.num_requests):
+        if reqs and rng.random() < 0.15:
+            prompt = list(reqs[int(rng.integers(len(reqs)))].prompt)  # the very same prompt again
+        else:
+            prefix = prefixes[int(rng.integers(2))] if rng.random() < 0.6 else []
+            prompt = (prefix + rng.integers(5, vocab, int(rng.integers(1, max(2, limit // 2)))).tolist())[:limit]
+        kind = sc.kinds[int(rng.integers(len(sc.kinds)))]
+        params = draw_params(rng, kind, len(prompt), sc.max_model_len, sc, vocab, words)
+        arrival = 0 if rng.random() < 0.5 else int(rng.integers(0, sc.arrival_spread + 1))
+        reqs.append(Req(f"r{i}", prompt, params, arrival, kind))
+    return reqs
+
+
+# ---- failures and statistics -------------------------------------------------------------------
+
+class FuzzFailure(AssertionError):
+    """An invariant or an output check failed; `kind` groups failures of the same cause."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"[{kind}] {message}")
+        self.kind = kind
+
+
+def describe(error: BaseException) -> str:
+    """The error, and for the engine's own exceptions where in minipaged it was raised."""
+    message = "".join(traceback.format_exception_only(error)).strip()
+    if not isinstance(error, FuzzFailure):
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = [f for f in frames if "minipaged" in f.filename] or frames
+        message += "\n" + "".join(traceback.format_list(ours[-4:]))
+    return message
+
+
+def failure_kind(error: BaseException) -> str:
+    if isinstance(error, FuzzFailure):
+        return error.kind
+    first = (str(error).splitlines() or [""])[0]
+    return f"{type(error).__name__}: " + re.sub(r"\d+", "N", first)[:90]
+
+
+@dataclass
+class Stats:
+    scenarios: int = 0
+    requests: int = 0
+    steps: int = 0
+    preempted: Counter = field(default_factory=Counter)       # by mode
+    aborts: Counter = field(default_factory=Counter)          # by state when aborted
+    copies: int = 0
+    swapped_out: int = 0
+    swapped_in: int = 0
+    cached_tokens: int = 0
+    shared_writes: int = 0           # allowed writes into a frame several tables want written
+    finish_reasons: Counter = field(default_factory=Counter)
+    kinds: Counter = field(default_factory=Counter)           # request kinds run
+    options: Counter = field(default_factory=Counter)         # scenario options run
+    failures: list = field(default_factory=list)              # (kind, label, message)
+
+    def line(self) -> str:
+        return (f"{self.scenarios} scenarios, {self.requests} requests, {self.steps} steps, "
+                f"preemptions {dict(self.preempted)}, aborts {dict(self.aborts)}, "
+                f"{self.copies} copy-on-write copies, swaps out/in {self.swapped_out}/{self.swapped_in}, "
+                f"{self.cached_tokens} cached tokens, {self.shared_writes} writes into frames shared by "
+                f"identical tables, "
+                f"finish reasons {dict(self.finish_reasons)}, kinds {dict(self.kinds)}")
+
+    def report(self, report) -> None:
+        self.steps += 1
+        self.copies += report.copies
+        self.swapped_out += report.swapped_out
+        self.swapped_in += report.swapped_in
+        self.cached_tokens += report.cached_tokens
+        self.preempted.update(mode for _, mode in report.preempted)
+
+
+def failure_summary(stats: Stats, repro: str) -> str:
+    groups: dict[str, list] = {}
+    for kind, label, message in stats.failures:
+        groups.setdefault(kind, []).append((label, message))
+    lines = [f"{len(stats.failures)} failing runs in {len(groups)} kinds ({stats.line()})"]
+    for kind, runs in sorted(groups.items(), key=lambda g: -len(g[1])):
+        lines.append(f"\n== {kind}: {len(runs)} runs; first: {runs[0][0]}")
+        lines.append("   " + runs[0][1][:1500].replace("\n", "\n   "))
+        lines.append("   other runs: " + "; ".join(label for label, _ in runs[1:6]))
+    lines.append(f"\nreproduce one: {repro}")
+    return "\n".join(lines)
+
+
+# ---- invariants, checked with code of our own ---------------------------------------------------
+
+class Checker:
+    """Reads engine.blocks after every step: ref counts, free lists, table sizes, leaks. Wraps
+    the attention implementation so that every K/V write is checked against the tables."""
+
+    def __init__(self, engine, stats: Stats, label: str = ""):
+        self.engine, self.stats, self.label = engine, stats, label
+        attention = engine.runner.attention
+        attention.impl = WriteGuard(attention.impl, self)
+
+    @property
+    def blocks(self):
+        return self.engine.blocks  # read each time: an engine may rebuild its block manager
+
+    def check(self, when: str) -> None:
+        blocks = self.blocks
+        pools = (("device", blocks.device), ("host", blocks.host))
+        counts = {name: np.zeros(pool.num_blocks, dtype=np.int64) for name, pool in pools}
+        for seq_id, table in blocks.tables.items():
+            name = next((n for n, pool in pools if table.allocator is pool), None)
+            if name is None:
+                raise FuzzFailure("table-in-no-pool", f"{when}: the table of sequence {seq_id} is in neither pool")
+            size = table.allocator.block_size
+            if len(table.frames) != -(-len(table.token_ids) // size):
+                raise FuzzFailure("table-size", f"{when}: sequence {seq_id} holds {len(table.token_ids)} tokens "
+                                  f"in {len(table.frames)} frames of {size}")
+            if len(set(table.frames)) != len(table.frames):
+                raise FuzzFailure("table-maps-a-frame-twice", f"{when}: sequence {seq_id}: {table.frames}")
+            for frame in table.frames:
+                counts[name][frame] += 1
+        for name, pool in pools:
+            ref_counts = np.asarray(pool.ref_counts)
+            wrong = np.flatnonzero(ref_counts != counts[name])
+            if wrong.size:
+                f = int(wrong[0])
+                raise FuzzFailure("ref-count", f"{when}: {name} frame {f} has ref count {ref_counts[f]} "
+                                  f"but {counts[name][f]} tables map it ({wrong.size} frames wrong)")
+            used = int(np.count_nonzero(ref_counts))
+            if pool.num_free + used != pool.num_blocks:
+                raise FuzzFailure("free+used!=total", f"{when}: {name} pool: {pool.num_free} free + {used} "
+                                  f"used != {pool.num_blocks} frames")
+        if not self.engine.has_unfinished_requests():
+            self.check_idle(when)
+
+    def check_idle(self, when: str) -> None:
+        blocks = self.blocks
+        if blocks.tables:
+            raise FuzzFailure("leak", f"{when}: the engine is idle but sequences "
+                              f"{sorted(blocks.tables, key=str)[:8]} still have tables")
+        for name, pool in (("device", blocks.device), ("host", blocks.host)):
+            if np.asarray(pool.ref_counts).any() or pool.num_free != pool.num_blocks:
+                raise FuzzFailure("leak", f"{when}: the engine is idle but the {name} pool has "
+                                  f"{pool.num_free} of {pool.num_blocks} frames free")
+
+    def check_write(self, slots: np.ndarray, block_size: int) -> None:
+        blocks = self.blocks
+        slots = slots[slots >= 0]
+        frames, offsets = slots // block_size, slots % block_size
+        ref_counts = np.asarray(blocks.device.ref_counts)
+        if frames.size and frames.max() >= ref_counts.size:
+            raise FuzzFailure("write-outside-pool", f"write to frame {frames.max()} of {ref_counts.size}")
+        for i in np.flatnonzero(ref_counts[frames] != 1):
+            frame, offset = int(frames[i]), int(offsets[i])
+            if ref_counts[frame] == 0:
+                raise FuzzFailure("write-to-free-frame", f"K/V written into frame {frame}, which no table maps")
+            wanted = set()
+            for seq_id, table in blocks.tables.items():
+                if table.allocator is blocks.device and frame in table.frames:
+                    position = table.frames.index(frame) * block_size + offset
+                    wanted.add(tuple(table.token_ids[:position + 1]) if position < len(table.token_ids)
+                               else ("not yet", seq_id))
+            if len(wanted) != 1:
+                raise FuzzFailure("write-to-shared-frame", f"K/V written at offset {offset} of frame {frame} "
+                                  f"(ref count {ref_counts[frame]}), which the tables mapping it do not all "
+                                  "hold with the same tokens")
+            self.stats.shared_writes += 1
+
+
+class WriteGuard:
+    """The attention implementation with write_kv checked first; everything else forwarded."""
+
+    def __init__(self, impl, checker: Checker):
+        self._impl, self._checker = impl, checker
+
+    def __getattr__(self, name):
+        return getattr(self._impl, name)
+
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+        slots = slot_mapping.get() if hasattr(slot_mapping, "get") else slot_mapping
+        self._checker.check_write(np.asarray(slots).astype(np.int64), int(k_cache.shape[1]))
+        return self._impl.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+# ---- checks on outputs -------------------------------------------------------------------------
+
+def check_output(out, prompt, params: SamplingParams, max_model_len: int, prefix_caching: bool,
+                 aborted: bool, where: str) -> None:
+    """Rules every output obeys, whatever else ran beside it."""
+    def fail(kind, message):
+        raise FuzzFailure(kind, f"{where}: {message} (prompt {len(prompt)} tokens, {params})")
+    if list(out.prompt_token_ids) != list(prompt):
+        fail("prompt-ids", f"prompt_token_ids {list(out.prompt_token_ids)[:8]}... differ from the prompt")
+    if not 0 <= out.num_cached_tokens < len(prompt) or (out.num_cached_tokens and not prefix_caching):
+        fail("num_cached_tokens", f"num_cached_tokens={out.num_cached_tokens} for a prompt of {len(prompt)} "
+             f"tokens (prefix caching {'on' if prefix_caching else 'off'})")
+    beam = params.beam_width > 1
+    if not out.outputs:
+        fail("no-outputs", f"{'aborted ' if aborted else ''}request returned outputs=[]")
+    if (not aborted or not beam) and sorted(c.index for c in out.outputs) != list(range(params.n)):
+        fail("outputs-count", f"{len(out.outputs)} outputs (indexes {[c.index for c in out.outputs]}), n={params.n}")
+    for c in out.outputs:
+        reasons = ("stop", "length", "abort") if aborted else ("stop", "length")
+        if c.finish_reason not in reasons:
+            fail("finish_reason", f"output {c.index} has finish_reason {c.finish_reason!r} (error: {out.error})")
+        if len(c.token_ids) > params.max_tokens:
+            fail("max_tokens", f"output {c.index} has {len(c.token_ids)} tokens > max_tokens")
+        if len(prompt) + len(c.token_ids) > max_model_len:
+            fail("max_model_len", f"output {c.index}: {len(prompt)} + {len(c.token_ids)} tokens > "
+                 f"max_model_len={max_model_len}")
+        if c.finish_reason == "length" and len(c.token_ids) != params.max_tokens \
+                and len(prompt) + len(c.token_ids) != max_model_len:
+            fail("length-too-early", f"output {c.index} ended 'length' after {len(c.token_ids)} tokens")
+        if any(s in c.text for s in params.stop):
+            fail("stop-string-in-text", f"output {c.index} text {c.text!r} contains a stop string")
+    if params.temperature == 0 and not beam and not aborted \
+            and len({(tuple(c.token_ids), c.text) for c in out.outputs}) > 1:
+        fail("greedy-samples-differ", "greedy samples of one prompt differ: "
+             + "; ".join(f"{c.index}: {c.token_ids}" for c in out.outputs))
+
+
+def compare(out, ref, params: SamplingParams, aborted: bool, where: str) -> None:
+    """`out` against the same request run alone (`ref`); aborted: prefixes of it."""
+    ref_by_index = {c.index: c for c in ref.outputs}
+    if aborted and params.beam_width > 1:
+        return  # live beams at an abort need not lead to the final beams
+    for c in out.outputs:
+        r = ref_by_index.get(c.index)
+        if r is None:
+            raise FuzzFailure("outputs-count", f"{where}: output index {c.index} not in the alone run")
+        if aborted and c.finish_reason == "abort":
+            if list(c.token_ids) != list(r.token_ids[:len(c.token_ids)]):
+                raise FuzzFailure("aborted-tokens-not-prefix", f"{where}: sample {c.index} aborted with "
+                                  f"{c.token_ids}, alone {r.token_ids} ({params})")
+            # its text is a prefix of the alone run's; or longer, when the alone run cut its
+            # text at a stop string that the aborted one had only begun
+            if not (r.text.startswith(c.text) or (c.text.startswith(r.text) and r.finish_reason == "stop")):
+                raise FuzzFailure("aborted-text-not-prefix", f"{where}: sample {c.index} aborted with "
+                                  f"text {c.text!r}, alone {r.text!r} ({params})")
+            continue
+        for name in ("token_ids", "text", "finish_reason"):
+            got, want = getattr(c, name), getattr(r, name)
+            if (list(got) if name == "token_ids" else got) != (list(want) if name == "token_ids" else want):
+                raise FuzzFailure(f"differs-from-alone:{name}", f"{where}: sample {c.index} {name} {got!r}, "
+                                  f"alone {want!r} (tokens {list(c.token_ids)} vs {list(r.token_ids)}; {params})")
+    if not aborted and len(out.outputs) != len(ref.outputs):
+        raise FuzzFailure("outputs-count", f"{where}: {len(out.outputs)} outputs, alone {len(ref.outputs)}")
+
+
+ALONE: dict = {}  # (block_size, max_model_len, prompt, params) -> RequestOutput of the request alone
+
+
+def alone(llm, block_size: int, max_model_len: int, prompt: list[int], params: SamplingParams, stats: Stats):
+    """The request alone in an ample pool (continuous, no prefix caching), checked like any run."""
+    key = (block_size, max_model_len, tuple(prompt), repr(params))
+    if key not in ALONE:
+        width = max(params.n, params.beam_width)
+        longest = len(prompt) + params.max_tokens + 1  # room even if max_model_len were ignored
+        frames = max(width * -(-longest // block_size), -(-max_model_len // block_size)) + 4
+        engine = llm.new_engine(num_blocks=frames, block_size=block_size,
+                                max_model_len=max_model_len, enable_prefix_caching=False)
+        checker = Checker(engine, stats)
+        engine.add_request("alone", {"prompt_token_ids": list(prompt)}, params)
+        finished, steps = [], 0
+        while engine.has_unfinished_requests():
+            finished += engine.step().finished
+            checker.check(f"alone run, step {steps}")
+            steps += 1
+            if steps > 4 * longest + 20:
+                raise FuzzFailure("alone-run-never-ends", f"{steps} steps for {len(prompt)} + {params}")
+        if len(finished) != 1:
+            raise FuzzFailure("alone-run-outputs", f"alone run gave {len(finished)} outputs")
+        check_output(finished[0], prompt, params, engine.max_model_len, False, False, "alone run")
+        ALONE[key] = finished[0]
+    return ALONE[key]
+
+
+# ---- one scenario -------------------------------------------------------------------------------
+
+def engine_options(sc: Scenario) -> dict:
+    return {"block_size": sc.block_size, "max_model_len": sc.max_model_len, "scheduler": sc.scheduler,
+            "preemption_mode": sc.preemption_mode, "enable_prefix_caching": sc.prefix_caching,
+            "max_num_seqs": sc.max_num_seqs}
+
+
+def accepts(llm, reqs: list[Req], options: dict, num_blocks: int) -> bool:
+    try:
+        engine = llm.new_engine(num_blocks=num_blocks, **options)
+        for r in reqs:
+            engine.add_request(r.rid, {"prompt_token_ids": r.prompt}, r.params)
+    except ValueError:
+        return False
+    return True
+
+
+def smallest_pool(llm, reqs: list[Req], options: dict) -> int:
+    """The fewest frames with which add_request accepts every request (found by trying)."""
+    high = 1
+    while not accepts(llm, reqs, options, high):
+        high *= 2
+        if high > 1 << 16:
+            raise FuzzFailure("never-accepted", "no pool up to 65536 frames accepts these requests")
+    low = high // 2  # rejected (or 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if accepts(llm, reqs, options, middle) else (middle, high)
+    return high
+
+
+def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
+    """Run one scenario; raises FuzzFailure (or the engine's exception) at the first problem."""
+    stats = stats or Stats()
+    vocab = llm.model.config.vocab_size
+    words = [llm.tokenizer.decode([t]) for t in range(5, vocab)]
+    reqs = draw_requests(sc, vocab, words)
+    options = engine_options(sc)
+    num_blocks = smallest_pool(llm, reqs, options)
+    num_blocks += int(np.ceil(sc.pool_slack * num_blocks))
+    engine = llm.new_engine(num_blocks=num_blocks, **options)
+    checker = Checker(engine, stats)
+    stats.scenarios += 1
+    stats.options.update([f"block_size={sc.block_size}", sc.scheduler, sc.preemption_mode,
+                          f"prefix_caching={sc.prefix_caching}"])
+    rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
+    pending = sorted(reqs, key=lambda r: r.arrival)
+    by_id = {r.rid: r for r in reqs}
+    state: dict[str, str] = {}      # live request -> waiting / running / swapped (from the reports)
+    outputs, aborted = {}, set()
+    budget = 50 + 6 * sum(len(r.prompt) + r.params.max_tokens for r in reqs)
+    step = 0
+    while pending or engine.has_unfinished_requests():
+        while pending and (pending[0].arrival <= step or not engine.has_unfinished_requests()):
+            r = pending.pop(0)
+            engine.add_request(r.rid, {"prompt_token_ids": list(r.prompt)}, r.params)
+            state[r.rid] = "waiting"
+            stats.requests += 1
+            stats.kinds[r.kind] += 1
+            checker.check(f"after add_request({r.rid}) at step {step}")
+        if state and rng.random() < sc.abort_rate * (4 if "swapped" in state.values() else 1):
+            groups: dict[str, list] = {}
+            for rid, where in state.items():
+                groups.setdefault(where, []).append(rid)
+            # swapped requests are few and short-lived: aim at them when there are some
+            where = "swapped" if "swapped" in groups and rng.random() < 0.7 else \
+                sorted(groups)[int(rng.integers(len(groups)))]
+            rid = groups[where][int(rng.integers(len(groups[where])))]
+            outputs[rid] = engine.abort_request(rid)
+            aborted.add(rid)
+            del state[rid]
+            stats.aborts[where] += 1
+            checker.check(f"after abort_request({rid}) ({where}) at step {step}")
+            if not engine.has_unfinished_requests():
+                continue
+        report = engine.step()
+        stats.report(report)
+        for rid, *_ in report.ran:
+            if rid in state:
+                state[rid] = "running"
+        for rid, mode in report.preempted:
+            if rid in state:
+                state[rid] = "swapped" if mode == "swap" else "waiting"
+        for out in report.finished:
+            if out.request_id not in state:
+                raise FuzzFailure("unexpected-finished-output", f"step {step}: output for {out.request_id!r}, "
+                                  "which is not live (finished twice, aborted, or never added)")
+            del state[out.request_id]
+            outputs[out.request_id] = out
+        checker.check(f"after step {step}")
+        step += 1
+        if step > budget:
+            raise FuzzFailure("no-progress", f"{step} steps and requests {sorted(state)} still live")
+    checker.check_idle("at the end")
+    missing = set(by_id) - set(outputs)
+    if missing:
+        raise FuzzFailure("lost-request", f"no output for {sorted(missing)}")
+    max_model_len = engine.max_model_len
+    for rid, out in outputs.items():
+        r = by_id[rid]
+        where = f"request {rid} ({r.kind}{', aborted' if rid in aborted else ''})"
+        check_output(out, r.prompt, r.params, max_model_len, sc.prefix_caching and sc.scheduler != "static",
+                     rid in aborted, where)
+        ref = alone(llm, sc.block_size, max_model_len, r.prompt, r.params, stats)
+        compare(out, ref, r.params, rid in aborted, where)
+        stats.finish_reasons.update(c.finish_reason for c in out.outputs)
+    return stats
+
+
+def run_many(llm, scenarios, stats: Stats) -> None:
+    for sc in scenarios:
+        try:
+            run_scenario(llm, sc, stats)
+        except Exception as error:  # noqa: BLE001 - every failure is collected, then reported
+            stats.failures.append((failure_kind(error), sc.short(), describe(error)))
+
+
+def print_size(capsys, name: str, stats: Stats) -> None:
+    with capsys.disabled():
+        print(f"\n{name}: {stats.line()}; {len(stats.failures)} failing")
+
+
+def test_fuzz_engine(llm, capsys):
+    seeds = ONLY or range(NUM_SCENARIOS)
+    stats = Stats()
+    run_many(llm, [Scenario.draw(seed) for seed in seeds], stats)
+    print_size(capsys, "engine fuzz", stats)
+    repro = ("MINIPAGED_FUZZ_ONLY=<seed> .venv/bin/python -m pytest tests/test_engine_fuzz.py -k fuzz_engine"
+             + (f" (with MINIPAGED_FUZZ_SEED={BASE_SEED})" if BASE_SEED else ""))
+    assert not stats.failures, failure_summary(stats, repro)
+    if ONLY or SCALE < 1:
+        return
+    # the run must have exercised what it claims to test
+    assert stats.preempted["recompute"] and stats.preempted["swap"], stats.line()
+    assert stats.aborts["waiting"] and stats.aborts["running"] and stats.aborts["swapped"], stats.line()
+    assert stats.copies and stats.cached_tokens and stats.swapped_in, stats.line()
+    assert all(stats.options[f"block_size={b}"] for b in BLOCK_SIZES), stats.options
+    assert stats.options["static"] and stats.kinds["beam"] and stats.kinds["samples"], stats.line()
+    assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_scenario(llm, name, capsys):
+    """One feature pair at a time, over a few seeds (failures of the fuzzer land here too)."""
+    stats = Stats()
+    base = NAMED[name]
+    run_many(llm, [Scenario(**{f.name: getattr(base, f.name) for f in fields(base)} | {"seed": s})
+                   for s in range(NAMED_SEEDS)], stats)
+    repro = f".venv/bin/python -m pytest tests/test_engine_fuzz.py -k 'named and {name}'"
+    assert not stats.failures, failure_summary(stats, repro)
+
+
+# ---- generate / stream / add_request interleavings on one LLM -----------------------------------
+
+def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
+    """Random generate / stream / add_request calls on one LLM. Output checks that fail are
+    collected and the run goes on (the LLM must stay usable); an exception from the engine
+    ends the run."""
+    rng = np.random.default_rng([BASE_SEED, seed, 3])
+    pick = lambda options: options[int(rng.integers(len(options)))]
+    block_size, max_model_len = pick((2, 5, 16)), 40
+    prefix_caching = bool(rng.random() < 0.5)
+    llm = LLM(str(folder), device="cpu", block_size=block_size, max_model_len=max_model_len,
+              num_blocks=4 * -(-max_model_len // block_size), preemption_mode=pick(("recompute", "swap")),
+              enable_prefix_caching=prefix_caching)
+    engine = llm.engine
+    checker = Checker(engine, stats)
+    original_step, idle_steps = engine.step, [0]
+
+    def checked_step():
+        idle_steps[0] = 0 if engine.has_unfinished_requests() else idle_steps[0] + 1
+        if idle_steps[0] > 20:
+            raise FuzzFailure("steps-an-idle-engine", "more than 20 steps of an idle engine: "
+                              "a loop waits for an output that will never come")
+        report = original_step()
+        stats.report(report)
+        checker.check(f"step {report.step}")
+        return report
+    engine.step = checked_step  # the engine instance only: every step is checked
+
+    vocab = llm.model.config.vocab_size
+    words = [llm.tokenizer.decode([t]) for t in range(5, vocab)]
+    sc = Scenario(seed, max_model_len=max_model_len, long_rate=0.1)
+    shared = rng.integers(5, vocab, 12).tolist()
+    soft: list[FuzzFailure] = []
+
+    def checked(function, *args):
+        try:
+            function(*args)
+        except FuzzFailure as failure:
+            soft.append(failure)
+
+    def request():
+        prompt = shared[:int(rng.integers(0, 13))] + rng.integers(5, vocab, int(rng.integers(1, 12))).tolist()
+        kind = pick(("greedy", "sampled", "samples", "beam"))
+        stats.kinds[kind] += 1
+        return prompt, draw_params(rng, kind, len(prompt), max_model_len, sc, vocab, words)
+
+    def expect(prompt, params):
+        return alone(llm, block_size, llm.max_model_len, prompt, params, stats)
+
+    def check_final(out, prompt, params, label):
+        check_output(out, prompt, params, llm.max_model_len, prefix_caching, False, label)
+        compare(out, expect(prompt, params), params, False, label)
+
+    def stop_inside(prompt, p):
+        """The same request with a stop string that its own text holds across two tokens (so
+        the text before it must be held back while the stream cannot know yet)."""
+        plain = SamplingParams(**{f.name: getattr(p, f.name) for f in fields(p)} | {"stop": [], "n": 1})
+        texts = [llm.tokenizer.decode([t]) for t in expect(prompt, plain).outputs[0].token_ids]
+        pairs = [k for k in range(1, len(texts) - 1) if texts[k] and texts[k + 1]]  # special tokens: ''
+        if not pairs:
+            return p
+        k = pairs[int(rng.integers(len(pairs)))]
+        left, right = texts[k], texts[k + 1]
+        stop = f"{left[-int(rng.integers(1, len(left) + 1)):]} {right[:int(rng.integers(1, len(right) + 1))]}"
+        stats.kinds["stop-inside"] += 1
+        return SamplingParams(**{f.name: getattr(p, f.name) for f in fields(p)} | {"stop": [stop]})
+
+    def generate(label):
+        batch = [request() for _ in range(int(rng.integers(1, 4)))]
+        prompts, params = [{"prompt_token_ids": p} for p, _ in batch], [p for _, p in batch]
+        bad = [vocab + 5]  # a prompt add_request refuses: the others must still come back right
+        if rng.random() < 0.3:
+            at = int(rng.integers(len(prompts) + 1))
+            prompts.insert(at, {"prompt_token_ids": bad})
+            params.insert(at, SamplingParams(max_tokens=3))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        stats.requests += len(prompts)
+        if len(outs) != len(prompts):
+            raise FuzzFailure("generate-count", f"{label}: {len(outs)} outputs for {len(prompts)} prompts")
+        for i, (prompt, p, out) in enumerate(zip(prompts, params, outs)):
+            if prompt["prompt_token_ids"] == bad:
+                if out.outputs[0].finish_reason != "rejected" or not out.error:
+                    soft.append(FuzzFailure("generate-bad-prompt", f"{label}: a bad prompt got {out}"))
+            else:
+                checked(check_final, out, prompt["prompt_token_ids"], p, f"{label}: generate output {i}")
+
+    def stream(op, label, abandoned):
+        prompt, p = request()
+        if p.beam_width == 1 and rng.random() < 0.5:
+            p = stop_inside(prompt, p)
+        ref = expect(prompt, p)
+        pieces, stream = [], llm.stream({"prompt_token_ids": prompt}, p)
+        stats.requests += 1
+        wanted = None if op == "stream-full" else int(rng.integers(1, 4))  # >= 1: the request is added
+        try:
+            while wanted is None or len(pieces) < wanted:
+                pieces.append(next(stream))
+        except StopIteration:
+            wanted = None
+        text = "".join(pieces)
+        if wanted is None:  # it ran to its end
+            if llm.last_output is None:
+                soft.append(FuzzFailure("stream-no-last-output", f"{label}: no last_output after the end"))
+            else:
+                checked(check_final, llm.last_output, prompt, p, label)
+            if text != ref.outputs[0].text:
+                kind = "stream-sent-nothing" if not text else "stream-text-differs"
+                soft.append(FuzzFailure(kind, f"{label}: a finished stream sent {text!r}, the final "
+                                        f"text is {ref.outputs[0].text!r} ({p})"))
+            return
+        if not ref.outputs[0].text.startswith(text):
+            soft.append(FuzzFailure("stream-text-beyond-final", f"{label}: streamed {text!r}, which the final "
+                                    f"text {ref.outputs[0].text!r} does not start with ({p})"))
+        if op == "stream-close":
+            stream.close()
+            last = llm.last_output
+            if last is not None and p.beam_width == 1:
+                checked(compare, last, ref, p, True, label + " (closed early)")
+        elif op == "stream-abandon":
+            abandoned.append(stream)  # still referenced: its request stays in the engine
+        # stream-drop: the last reference goes now; CPython closes the generator
+
+    abandoned, direct = [], 0
+    for op_index in range(int(rng.integers(4, 9))):
+        op = pick(("generate", "stream-full", "stream-close", "stream-abandon", "stream-drop", "add-direct"))
+        label = f"op {op_index} ({op})"
+        if op == "generate":
+            generate(label)
+        elif op == "add-direct":
+            prompt, p = request()
+            rid = pick((f"mine-{direct}", f"gen-{int(rng.integers(0, 4))}", f"stream-{int(rng.integers(0, 4))}"))
+            direct += 1
+            try:
+                engine.add_request(rid, {"prompt_token_ids": prompt}, p)
+                stats.requests += 1
+            except ValueError:
+                pass  # an id in use may be refused, saying so: the user's mistake
+        else:
+            stream(op, label, abandoned)
+    generate("final generate")
+    for generator in abandoned:
+        generator.close()
+    steps = 0
+    while engine.has_unfinished_requests():  # requests added directly may still run
+        engine.step()
+        steps += 1
+        if steps > 1000:
+            raise FuzzFailure("no-progress", "1000 steps draining the engine")
+    checker.check_idle("after draining")
+    stats.scenarios += 1
+    return soft
+
+
+def test_generate_stream_interleavings(folder, capsys):
+    stats = Stats()
+    for seed in ONLY or range(NUM_INTERLEAVINGS):
+        label = f"interleaving seed={seed}"
+        try:
+            soft = run_interleaving(folder, seed, stats)
+        except Exception as error:  # noqa: BLE001
+            stats.failures.append((failure_kind(error), label, describe(error)))
+            continue
+        stats.failures += [(failure.kind, label, str(failure)) for failure in soft]
+    print_size(capsys, "generate/stream interleavings", stats)
+    repro = "MINIPAGED_FUZZ_ONLY=<seed> .venv/bin/python -m pytest tests/test_engine_fuzz.py -k interleavings"
+    assert not stats.failures, failure_summary(stats, repro)
+
+
+if __name__ == "__main__":  # python tests/test_engine_fuzz.py 22 80 | static-aborts: one run, told step by step
+    import sys
+    import tempfile
+
+    from checkpoints import write_checkpoint
+    model = LLM(str(write_checkpoint(tempfile.mkdtemp())), device="cpu", num_blocks=64)
+    vocab_size = model.model.config.vocab_size
+    vocabulary = [model.tokenizer.decode([t]) for t in range(5, vocab_size)]
+    for arg in sys.argv[1:] or ["0"]:
+        scenarios = [NAMED[arg]] if arg in NAMED else [Scenario.draw(int(arg))]
+        for scenario in scenarios:
+            print(scenario.short())
+            for r in draw_requests(scenario, vocab_size, vocabulary):
+                print(f"  {r.rid} at step {r.arrival}: {r.kind}, prompt {r.prompt}, {r.params}")
+            try:
+                print("  ok:", run_scenario(model, scenario).line())
+            except Exception as error:  # noqa: BLE001
+                print("  FAILED:", describe(error))
