@@ -23,7 +23,13 @@ PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
            "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6"]
 SHARED, CACHED, FREE, OTHER = "#333333", "#ffffff", "#eeeeee", "#bbbbbb"
 PREEMPTED = "#000000"  # the batch timeline's preemption mark
-CELL = 22  # px, one frame or one logical block
+# Sizes for a projector: a figure is read from the back of a room, so text is never under 14 px
+# (charts are drawn about 1,000 px wide and scale down to fit a narrower page or notebook).
+FONT = 16        # px, labels, numbers, cell symbols
+TITLE_FONT = 20  # px, a picture's bold title
+SMALL_FONT = 14  # px, captions under a picture
+CELL = 36        # px, one frame or one logical block
+CHAR_W = 0.6 * FONT  # px, one character of FONT px monospace (to size labels)
 
 
 def _styles(manager) -> dict:
@@ -53,10 +59,10 @@ def _frame_cell(manager, frame: int, owners: dict, styles: dict) -> tuple[str, s
 
 def _svg_cell(x: float, y: float, symbol: str, fill: str, tooltip: str) -> str:
     text_color = "#ffffff" if fill in PALETTE or fill == SHARED else "#555555"
-    dash = ' stroke-dasharray="3,2"' if fill == CACHED else ""
-    return (f'<g><title>{escape(tooltip)}</title><rect x="{x}" y="{y}" width="{CELL - 2}" '
-            f'height="{CELL - 2}" rx="3" fill="{fill}" stroke="#888"{dash}/>'
-            f'<text x="{x + (CELL - 2) / 2}" y="{y + CELL / 2 + 2}" font-size="11" '
+    dash = ' stroke-dasharray="5,3"' if fill == CACHED else ""
+    return (f'<g><title>{escape(tooltip)}</title><rect x="{x}" y="{y}" width="{CELL - 3}" '
+            f'height="{CELL - 3}" rx="4" fill="{fill}" stroke="#888"{dash}/>'
+            f'<text x="{x + (CELL - 3) / 2}" y="{y + CELL / 2 + FONT * 0.3:.1f}" font-size="{FONT}" '
             f'text-anchor="middle" fill="{text_color}">{escape(symbol)}</text></g>')
 
 
@@ -64,16 +70,18 @@ def _svg_arrow(x1: float, y1: float, x2: float, y2: float, color: str) -> str:
     """A line from the middle of one cell to the middle of another (drawn under the cells)."""
     c = CELL / 2 - 1
     return (f'<line x1="{x1 + c}" y1="{y1 + c}" x2="{x2 + c}" y2="{y2 + c}" '
-            f'stroke="{color}" stroke-width="1.5" opacity="0.7"/>')
+            f'stroke="{color}" stroke-width="2.5" opacity="0.7"/>')
 
 
 def _svg_label(y: float, text: str) -> str:
     """A row name at the left edge, truncated to fit."""
-    return f'<text x="0" y="{y + CELL / 2 + 4}" font-size="11">{escape(text[:11])}</text>'
+    return f'<text x="0" y="{y + CELL / 2 + FONT * 0.35:.1f}" font-size="{FONT}">{escape(text[:11])}</text>'
 
 
 def _svg(width: float, height: float, body: list[str]) -> str:
+    """An SVG drawn at width x height px that shrinks to fit a narrower page (never grows)."""
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" style="max-width: 100%; height: auto" '
             f'font-family="monospace">{"".join(body)}</svg>')
 
 
@@ -185,8 +193,10 @@ class PageTableView:
 # ---- charts: the numbers a notebook or lecture note computes, as bars and lines ------------
 
 CHART_BARS = "█▓▒░"  # text form: one fill character per stacked segment
-CHAR_W = 6.6         # px, one character of 11 px monospace (to size labels)
-PAD = 4              # px, a chart's margin at the left edge
+PAD = 6              # px, a chart's margin at the left edge
+BAR_W = 560          # px, the longest bar of a bar chart
+PLOT_W, PLOT_H = 640, 320  # px, a line chart's plot area
+LINE_H = 1.6 * FONT  # px, one line of a legend or of notes under a picture
 
 
 def _number(value: float, digits: int, unit: str = "") -> str:
@@ -210,18 +220,28 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [round(i * step, 12) for i in range(first, last + 1)]
 
 
-def _svg_text(x: float, y: float, text: str, size: int = 11, anchor: str = "start",
+def _svg_text(x: float, y: float, text: str, size: int = FONT, anchor: str = "start",
               bold: bool = False, color: str = "#222") -> str:
     weight = ' font-weight="bold"' if bold else ""
     return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" '
             f'fill="{color}"{weight}>{escape(text)}</text>')
 
 
+def _svg_title(text: str) -> str:
+    """A picture's bold title, at its top left."""
+    return _svg_text(PAD, TITLE_FONT, text, size=TITLE_FONT, bold=True)
+
+
+def _title_width(text: str) -> float:
+    return 3 * PAD + 0.62 * TITLE_FONT * len(text)
+
+
 def _svg_legend(y: float, names: list[str]) -> list[str]:
-    """One colored square and name per line, from y down (CELL / 1.4 px per line)."""
-    step = CELL / 1.4
-    return [f'<rect x="{PAD}" y="{y + i * step - 9:.1f}" width="10" height="10" fill="{PALETTE[i % len(PALETTE)]}"/>'
-            + _svg_text(PAD + 14, y + i * step, name) for i, name in enumerate(names)]
+    """One colored square and name per line, from baseline y down (LINE_H px per line)."""
+    box = FONT - 2
+    return [f'<rect x="{PAD}" y="{y + i * LINE_H - box + 2:.1f}" width="{box}" height="{box}" '
+            f'fill="{PALETTE[i % len(PALETTE)]}"/>' + _svg_text(PAD + box + 6, y + i * LINE_H, name)
+            for i, name in enumerate(names)]
 
 
 def _check_values(kind: str, columns: dict, count: int, of: str) -> None:
@@ -274,27 +294,28 @@ class BarChart:
         return ", ".join(f"{name} {_number(v, self.digits, self.unit)}" for name, v in zip(self.segments, row))
 
     def svg(self) -> str:
-        left, bar_width, row_height = PAD + CHAR_W * max(map(len, self.labels), default=0) + 10, 320, CELL + 4
-        scale, top = self._scale(bar_width), 2 * CELL
-        body = [_svg_text(PAD, 14, self.title, size=12, bold=True)]
+        left, row_height = PAD + CHAR_W * max(map(len, self.labels), default=0) + 12, CELL + 6
+        scale, top, text_y = self._scale(BAR_W), TITLE_FONT + 24, (CELL - 2) / 2 + FONT * 0.35
+        body = [_svg_title(self.title)]
         for k, (label, row) in enumerate(zip(self.labels, self._rows())):
             y, x = top + k * row_height, left
-            body.append(_svg_text(left - 6, y + CELL / 2 + 2, label, anchor="end"))
+            body.append(_svg_text(left - 8, y + text_y, label, anchor="end"))
             for i, (name, value) in enumerate(zip(self.segments, row)):
                 w, number = value * scale, _number(value, self.digits, self.unit)
                 tooltip = f"{label}: {name} {number}" if len(row) > 1 else f"{label}: {number}"
                 body.append(f'<g><title>{escape(tooltip)}</title><rect x="{x:.1f}" y="{y}" width="{w:.1f}" '
                             f'height="{CELL - 2}" fill="{PALETTE[i % len(PALETTE)]}"/></g>')
-                if len(row) > 1 and w > CHAR_W * len(number) + 4:
-                    body.append(_svg_text(x + w / 2, y + CELL / 2 + 2, number, anchor="middle", color="#fff"))
+                if len(row) > 1 and w > CHAR_W * len(number) + 8:
+                    body.append(_svg_text(x + w / 2, y + text_y, number, anchor="middle", color="#fff"))
                 x += w
             if len(row) == 1:
-                body.append(_svg_text(x + 4, y + CELL / 2 + 2, _number(row[0], self.digits, self.unit)))
+                body.append(_svg_text(x + 6, y + text_y, _number(row[0], self.digits, self.unit)))
         height = top + len(self.labels) * row_height + 6
         if len(self.segments) > 1:
-            body += _svg_legend(height + 10, list(self.segments))
-            height += 10 + len(self.segments) * CELL / 1.4
-        width = max(left + bar_width + 70, PAD + CHAR_W * 1.1 * len(self.title))
+            body += _svg_legend(height + FONT + 8, list(self.segments))
+            height += 16 + len(self.segments) * LINE_H
+        numbers = max((len(_number(v, self.digits, self.unit)) for row in self._rows() for v in row), default=0)
+        width = max(left + BAR_W + 12 + CHAR_W * (numbers + 1) + PAD, _title_width(self.title))
         return _svg(round(width), round(height), body)
 
     def _repr_html_(self) -> str:
@@ -340,7 +361,7 @@ class LineChart:
         return "\n".join(lines)
 
     def svg(self) -> str:
-        left, top, plot_w, plot_h = 60, 2 * CELL + 6, 420, 200
+        left, top, plot_w, plot_h = PAD + 9 * CHAR_W, TITLE_FONT + 2 * FONT + 16, PLOT_W, PLOT_H
         at = math.log2 if self.log_x else float
         xs = [at(x) for x in self.x]
         x_ticks = sorted(set(self.x)) if self.log_x else _ticks(min(xs), max(xs))
@@ -353,27 +374,29 @@ class LineChart:
         def py(y: float) -> float:
             return top + plot_h - y / y_ticks[-1] * plot_h
 
-        body = [_svg_text(PAD, 14, self.title, size=12, bold=True), _svg_text(PAD, top - 10, self.y_label)]
+        body = [_svg_title(self.title), _svg_text(PAD, top - FONT, self.y_label)]
         for y in y_ticks:
             body.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{left + plot_w}" y2="{py(y):.1f}" stroke="#ddd"/>')
-            body.append(_svg_text(left - 6, py(y) + 4, _tick(y), anchor="end"))
+            body.append(_svg_text(left - 8, py(y) + FONT * 0.35, _tick(y), anchor="end"))
         for x in x_ticks:
-            body.append(f'<line x1="{px(x):.1f}" y1="{top + plot_h}" x2="{px(x):.1f}" y2="{top + plot_h + 4}" stroke="#888"/>')
-            body.append(_svg_text(px(x), top + plot_h + 16, _tick(x), anchor="middle"))
+            body.append(f'<line x1="{px(x):.1f}" y1="{top + plot_h}" x2="{px(x):.1f}" y2="{top + plot_h + 6}" '
+                        'stroke="#888"/>')
+            body.append(_svg_text(px(x), top + plot_h + FONT + 8, _tick(x), anchor="middle"))
         body.append(f'<path d="M{left},{top} V{top + plot_h} H{left + plot_w}" fill="none" stroke="#888"/>')
-        body.append(_svg_text(left + plot_w / 2, top + plot_h + 34, self.x_label, anchor="middle"))
+        body.append(_svg_text(left + plot_w / 2, top + plot_h + 2 * FONT + 18, self.x_label, anchor="middle"))
         for i, (name, ys) in enumerate(self.series.items()):
             color = PALETTE[i % len(PALETTE)]
             points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(self.x, ys))
-            body.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
+            body.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="3"/>')
             if len(self.x) <= 40:  # dots with tooltips; a long series stays a plain line
                 body += [f'<g><title>{escape(f"{name}: {_number(y, self.digits)} at {self.x_label} {_tick(x)}")}'
-                         f'</title><circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/></g>'
+                         f'</title><circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{color}"/></g>'
                          for x, y in zip(self.x, ys)]
-        legend_y = top + plot_h + 56
+        legend_y = top + plot_h + 3 * FONT + 32
         body += _svg_legend(legend_y, list(self.series))
-        width = max(left + plot_w + 20, PAD + CHAR_W * 1.1 * len(self.title))
-        return _svg(round(width), round(legend_y + len(self.series) * CELL / 1.4), body)
+        names = max(map(len, self.series), default=0)
+        width = max(left + plot_w + 3 * CHAR_W, PAD + FONT + 6 + CHAR_W * names + PAD, _title_width(self.title))
+        return _svg(round(width), round(legend_y + (len(self.series) - 1) * LINE_H + FONT * 0.6), body)
 
     def _repr_html_(self) -> str:
         return self.svg()
@@ -382,22 +405,36 @@ class LineChart:
         printer.text(str(self))  # IPython's text form (a terminal, or text-only output): the text chart
 
 
+def _wrap(line: str, columns: int) -> list[str]:
+    """A legend line cut into lines of at most `columns` characters, between its entries (which
+    are two spaces apart), so that no entry is split."""
+    lines = [""]
+    for entry in line.split("  "):
+        if lines[-1] and len(lines[-1]) + 2 + len(entry) > columns:
+            lines.append("")
+        lines[-1] += ("  " if lines[-1] else "") + entry
+    return lines
+
+
 def svg_document(picture) -> str:
     """A standalone .svg file of any picture here (for docs/figures): a chart's own SVG; for a
     frame map or page-table view, its SVG with its bold title above and its legend below."""
     if isinstance(picture, (BarChart, LineChart, Timeline)):
         return picture.svg()
     html = picture._repr_html_()
-    inner = re.search(r"<svg .*</svg>", html, re.S).group(0)
+    inner = re.search(r"<svg .*</svg>", html, re.S).group(0).replace(' style="max-width: 100%; height: auto"', "", 1)
     title = unescape(re.search(r"<b>(.*?)</b>", html, re.S).group(1))
-    legend = re.search(r"<small>(.*?)</small>", html, re.S)
-    notes = [unescape(line) for line in legend.group(1).split("<br>")] if legend else []
+    legend = re.search(r"<small>(.*?)</small>", html, re.S).group(1) if "<small>" in html else ""
     inner_w, inner_h = (float(v) for v in re.search(r'width="([\d.]+)" height="([\d.]+)"', inner).groups())
-    top = CELL + 6
-    body = [_svg_text(PAD, 14, title, size=12, bold=True), inner.replace("<svg ", f'<svg x="{PAD}" y="{top}" ', 1)]
-    body += [_svg_text(PAD, top + inner_h + 18 + i * 16, note) for i, note in enumerate(notes)]
-    width = 2 * PAD + max(inner_w, CHAR_W * 1.1 * len(title), *(CHAR_W * len(note) for note in notes))
-    return _svg(round(width), round(top + inner_h + 8 + 16 * len(notes)), body)
+    columns = max(60, int(inner_w / CHAR_W))  # a legend wraps at the picture's width
+    notes = [wrapped for line in legend.split("<br>") if legend for wrapped in _wrap(unescape(line), columns)]
+    top = TITLE_FONT + 16
+    body = [_svg_title(title), inner.replace("<svg ", f'<svg x="{PAD}" y="{top}" ', 1)]
+    for i, note in enumerate(notes):  # xml:space keeps the two spaces between legend entries
+        text = _svg_text(PAD, top + inner_h + FONT + 10 + i * LINE_H, note)
+        body.append(text.replace("<text ", '<text xml:space="preserve" ', 1))
+    width = max(2 * PAD + inner_w, _title_width(title), *(2 * PAD + CHAR_W * len(note) for note in notes))
+    return _svg(round(width), round(top + inner_h + 16 + LINE_H * len(notes)), body)
 
 
 # ---- the batch timeline: which request sat in which batch slot at each step ------------------
@@ -451,23 +488,27 @@ class Timeline:
 
     def svg(self) -> str:
         rows, colors = self.grid()
-        w, h, left, top = 8, 14, 7 * CHAR_W, 22
-        body = [_svg_text(PAD, 14, f"batch timeline: {len(self.reports)} steps, {len(rows)} slots", size=12, bold=True)]
+        w, h, left, top = 20, 30, PAD + 8 * CHAR_W, TITLE_FONT + 16
+        body = [_svg_title(f"batch timeline: {len(self.reports)} steps, {len(rows)} slots")]
         for i, row in enumerate(rows):
             y = top + i * h
-            body.append(_svg_text(PAD, y + h - 3, f"slot {i}", size=10))
+            body.append(_svg_text(PAD, y + h / 2 + FONT * 0.3, f"slot {i}"))
             for step, c in enumerate(row):
                 if c is None:
                     continue
                 rid, kind = c
                 fill = {"preempted": PREEMPTED, "padding": FREE}.get(kind, PALETTE[colors[rid] % len(PALETTE)])
-                stroke = ' stroke="#000" stroke-width="1.5"' if kind == "prefill" else ""
-                body.append(f'<g><title>{escape(f"step {step}: {rid} {kind}")}</title><rect x="{left + step * w}" '
-                            f'y="{y}" width="{w - 1}" height="{h - 2}" fill="{fill}"{stroke}/></g>')
-        caption = "color = request; outlined = prefill; black = preempted; grey = padding (static batch)"
-        body.append(_svg_text(PAD, top + len(rows) * h + 14, caption, size=10))
-        width = max(left + len(self.reports) * w + PAD, CHAR_W * len(caption))
-        return _svg(round(width), top + len(rows) * h + 22, body)
+                stroke = ' stroke="#000" stroke-width="3"' if kind == "prefill" else ""
+                body.append(f'<g><title>{escape(f"step {step}: {rid} {kind}")}</title>'
+                            f'<rect x="{left + step * w + 1.5}" y="{y + 1.5}" width="{w - 4}" height="{h - 5}" '
+                            f'fill="{fill}"{stroke}/></g>')
+        axis = top + len(rows) * h + FONT + 4  # step numbers under the grid, every 5 steps
+        body += [_svg_text(left + step * w + w / 2, axis, str(step), size=SMALL_FONT, anchor="middle", color="#555")
+                 for step in range(0, len(self.reports), 5)]
+        caption = "step →  color = request; outlined = prefill; black = preempted; grey = padding (static batch)"
+        body.append(_svg_text(PAD, axis + LINE_H, caption, size=SMALL_FONT))
+        width = max(left + len(self.reports) * w + PAD, 2 * PAD + 0.6 * SMALL_FONT * len(caption))
+        return _svg(round(width), round(axis + LINE_H + 8), body)
 
     def _repr_html_(self) -> str:
         return self.svg()

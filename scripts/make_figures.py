@@ -20,7 +20,7 @@ import numpy as np
 
 from minipaged import LLM, SamplingParams
 from minipaged.attention.kernel_bench import SHAPES
-from minipaged.engine import EngineConfig, LLMEngine
+from minipaged.demo import reused_frames, two_sequences
 from minipaged.paging import BlockManager, StaticBlockManager
 from minipaged.paging.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
 from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline, svg_document
@@ -84,28 +84,6 @@ def block_size_sweep(requests) -> tuple[LineChart, LineChart]:
                       {"entries": [run["slots_per_request"] / size for run, size in zip(runs, BLOCK_SIZES)]},
                       x_label="block size (tokens)", y_label="frames per running sequence", log_x=True)
     return waste, table
-
-
-def two_sequences() -> BlockManager:
-    """Notebook 2's pool: 12 frames of 4; s1 (a 6-token prompt, 8 tokens generated) and s2 (a
-    5-token prompt) then generate in turn, so their frames interleave."""
-    manager = BlockManager(num_blocks=12, block_size=4, enable_prefix_caching=False)
-    manager.allocate("s1", [101, 102, 103, 104, 105, 106])
-    for token in range(200, 208):
-        manager.append_slot("s1", token)
-    manager.allocate("s2", [301, 302, 303, 304, 305])
-    for step in range(6):
-        manager.append_slot("s1", 400 + step)
-        manager.append_slot("s2", 500 + step)
-    return manager
-
-
-def reused_frames() -> BlockManager:
-    """After two_sequences(): s1 finishes, s3 (20 tokens) takes the free frames, s1's among them."""
-    manager = two_sequences()
-    manager.free("s1")
-    manager.allocate("s3", list(range(600, 620)))
-    return manager
 
 
 # ---- 3. the kernel -------------------------------------------------------------------------
@@ -189,7 +167,7 @@ def random_requests(num: int, prompt_lens: tuple[int, int], output_lens: tuple[i
 def serve(llm: LLM, requests, on_step=lambda engine: None, **options) -> list:
     """Every request through a fresh engine over llm's model (EngineConfig options); the StepReports.
     on_step(engine) is called after each step."""
-    engine = LLMEngine(llm.model, llm.tokenizer, EngineConfig(**options), llm.eos_token_ids)
+    engine = llm.new_engine(**options)
     for i, (prompt, length) in enumerate(requests):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt},
                            SamplingParams(temperature=0, max_tokens=length, ignore_eos=True))
@@ -201,13 +179,15 @@ def serve(llm: LLM, requests, on_step=lambda engine: None, **options) -> list:
 
 
 def timelines(llm: LLM) -> dict:
-    """Six requests, continuous and static on the same memory (room for 4 static reservations
-    of 64 tokens), then continuous on a pool too small for them (preemption by recompute)."""
-    requests = random_requests(6, (8, 20), (4, 16))
-    memory = dict(num_blocks=16, block_size=16, max_model_len=64)
+    """Ten requests of mixed answer lengths, at most 4 running at once: continuous and static on
+    the same memory (room for 4 static reservations of 64 tokens), so that newcomers join as
+    others leave; then continuous on a pool too small for them, where preempted requests (by
+    recompute) come back later."""
+    requests = random_requests(10, (8, 20), (3, 20), seed=1)
+    memory = dict(num_blocks=16, block_size=16, max_model_len=64, max_num_seqs=4)
     return {"timeline_continuous.svg": Timeline(serve(llm, requests, **memory)),
             "timeline_static.svg": Timeline(serve(llm, requests, scheduler="static", **memory)),
-            "timeline_preemption.svg": Timeline(serve(llm, requests, num_blocks=6, block_size=8,
+            "timeline_preemption.svg": Timeline(serve(llm, requests, num_blocks=6, block_size=8, max_num_seqs=4,
                                                       enable_prefix_caching=False))}
 
 

@@ -122,18 +122,35 @@ def test_sharing_note_quotes_the_figures(regenerated):
 
 
 def test_batching_note_quotes_the_timelines(regenerated):
+    """The timelines show what they are for: requests joining as others leave, padding in static
+    batches, preempted requests coming back; the note quotes their numbers."""
     _, pictures = regenerated
     note = prose("05_batching.md")
     continuous, static, preemption = (pictures[f"timeline_{kind}.svg"].reports
                                       for kind in ("continuous", "static", "preemption"))
     lengths = [len(c.token_ids) for r in continuous for o in r.finished for c in o.outputs]
-    assert f"answers of {min(lengths)} to {max(lengths)} tokens" in note
+    assert f"Ten requests with answers of {min(lengths)} to {max(lengths)} tokens" in note and len(lengths) == 10
     assert max(len(r.ran) + r.padding for r in static) == 4 and "it runs 4 at a time" in note
     assert (f"padding, {sum(r.padding for r in static)} rows computed for requests already done, "
             f"and it needs {len(static)} steps") in note
-    assert len(continuous) == max(lengths)
-    assert f"needs {len(continuous)} steps, the length of the longest answer" in note
-    assert f"The red cells are the {sum(len(r.preempted) for r in preemption)} preemptions" in note
+
+    joined = {}     # request -> the step of its first prefill
+    for step, report in enumerate(continuous):
+        joined |= {rid: step for rid, _, kind, _ in report.ran if kind == "prefill" and rid not in joined}
+    left = {output.request_id: step for step, report in enumerate(continuous) for output in report.finished}
+    step, first = min((step, rid) for rid, step in joined.items() if step > 0)
+    before = [rid for rid, at in left.items() if at == step - 1]
+    assert max(len(r.ran) for r in continuous) == 4 and len(before) == 1
+    late = sum(step > 0 for step in joined.values())
+    assert f"{first} joins at step {step}, the step after {before[0]} finished" in note
+    assert f"{late} of the 10 requests join while others are running. It needs {len(continuous)} steps" in note
+    assert len(continuous) < len(static) and late >= 3
+
+    preempted = [(step, rid) for step, r in enumerate(preemption) for rid, _ in r.preempted]
+    assert f"The black cells are the {len(preempted)} preemptions" in note and preempted
+    for step, rid in preempted:  # each comes back: prefilled again later
+        assert any(kind == "prefill" and r == rid for later in preemption[step + 1:] for r, _, kind, _ in later.ran)
+    assert f"at most {['one', 'two', 'three', 'four'][max(len(r.ran) for r in preemption) - 1]} run at once" in note
     assert f"{len(preemption)} steps are needed in all" in note
 
 
@@ -157,3 +174,14 @@ def test_glossary_covers_the_vocabulary():
 def test_each_notebook_has_its_lecture_note():
     notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
     assert [p.stem for p in NOTES] == notebooks
+
+
+def test_figures_are_drawn_for_a_projector():
+    """Every figure's text is at least 14 px, in a picture at least 600 px wide that shrinks to
+    fit a narrower page: readable from the back of a room (the figures of 11 px text were not)."""
+    import xml.etree.ElementTree as ET
+    for path in sorted((DOCS / "figures").glob("*.svg")):
+        root = ET.fromstring(path.read_text())
+        sizes = [float(t.get("font-size")) for t in root.iter("{http://www.w3.org/2000/svg}text")]
+        assert min(sizes) >= 14, f"{path.name} has {min(sizes)} px text"
+        assert float(root.get("width")) >= 600 and root.get("viewBox"), path.name

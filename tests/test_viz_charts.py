@@ -2,11 +2,23 @@
 one mark per value, and standalone SVG files that parse as XML."""
 
 import xml.etree.ElementTree as ET
+from types import SimpleNamespace
 
 import pytest
 
 from minipaged.paging import BlockManager
-from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, _ticks, svg_document
+from minipaged.viz import (
+    BAR_W,
+    FONT,
+    PLOT_W,
+    BarChart,
+    FrameMap,
+    LineChart,
+    PageTableView,
+    Timeline,
+    _ticks,
+    svg_document,
+)
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -39,9 +51,10 @@ def test_bar_svg_has_a_rect_per_value_with_widths_in_proportion():
     assert tooltips == ["static: tokens 20.0%", "static: waste 0.0%", "static: reserved 80.0%",
                         "paged: tokens 98.0%", "paged: waste 2.0%", "paged: reserved 0.0%"]
     widths = [float(r.get("width")) for r in rects]
-    assert widths == [64.0, 0.0, 256.0, 313.6, 6.4, 0.0]     # of 320 px for 100%
+    percent = [20, 0, 80, 98, 2, 0]                           # the longest bar, 100%, is BAR_W px
+    assert widths == pytest.approx([BAR_W * p / 100 for p in percent], abs=0.05)
     x = [float(r.get("x")) for r in rects]
-    assert x[1] == x[0] + 64 and x[2] == x[0] + 64           # segments stack left to right
+    assert x[1] == x[0] + widths[0] and x[2] == x[0] + widths[0]  # segments stack left to right
 
 
 def test_bar_chart_refuses_values_it_cannot_draw():
@@ -85,7 +98,7 @@ def test_line_svg_places_points_by_value_with_log_x_evenly_spaced():
     assert len(lines) == 2 and len(root.findall(f"{SVG}g/{SVG}circle")) == 10
     points = [tuple(map(float, p.split(","))) for p in lines[1].get("points").split()]
     xs, ys = zip(*points)
-    assert [round(b - a, 6) for a, b in zip(xs, xs[1:])] == [105.0] * 4   # powers of two, evenly
+    assert [round(b - a, 6) for a, b in zip(xs, xs[1:])] == [PLOT_W / 4] * 4   # powers of two, evenly
     grid = sorted(float(line.get("y1")) for line in root.findall(f"{SVG}line") if line.get("stroke") == "#ddd")
     assert len(grid) == 5                                    # y ticks 0, 100, ..., 400
     top, bottom = grid[0], grid[-1]
@@ -114,7 +127,10 @@ def test_svg_document_of_a_frame_map_has_its_title_picture_and_legend():
     root = ET.fromstring(svg_document(picture))
     texts = [t.text for t in root.findall(f"{SVG}text")]
     assert texts[0] == picture.title()
-    assert texts[1:] == str(picture).splitlines()[-2:]               # the legend, line by line
+    legend = str(picture).splitlines()[-2:]
+    entries = [entry for line in texts[1:] for entry in line.split("  ")]
+    assert entries == [entry for line in legend for entry in line.split("  ")]  # the legend, no entry cut
+    assert all(len(line) <= 60 for line in texts[1:]) and len(texts[1:]) > len(legend)  # wrapped to fit
     inner = root.find(f"{SVG}svg")
     assert len(inner.findall(f"{SVG}g/{SVG}rect")) == 8              # the frame map itself
     assert float(root.get("width")) >= float(inner.get("width"))
@@ -136,3 +152,22 @@ def test_ipython_shows_the_text_chart_where_it_cannot_show_html():
     from IPython.lib.pretty import pretty
     assert pretty(breakdown()) == str(breakdown())
     assert pretty(block_sizes()) == str(block_sizes())
+
+
+def font_sizes(document: str) -> list[float]:
+    return [float(t.get("font-size")) for t in ET.fromstring(document).iter(f"{SVG}text")]
+
+
+def test_every_picture_is_drawn_for_a_projector():
+    """Text of at least 14 px (the labels FONT px), and drawn wide enough to be shown large; it
+    shrinks to fit a narrower page (viewBox and max-width), so nothing is cut off."""
+    report = SimpleNamespace(ran=[("r0", 0, "prefill", 5)], padded=[], preempted=[])  # what Timeline reads
+    pictures = [breakdown(), block_sizes(), FrameMap(two_sequences()), PageTableView(two_sequences(), ["a", "b"]),
+                Timeline([report] * 3)]
+    for picture in pictures:
+        document = svg_document(picture)
+        root = ET.fromstring(document)
+        assert min(font_sizes(document)) >= 14 and FONT in font_sizes(document), type(picture).__name__
+        assert root.get("viewBox") == f"0 0 {root.get('width')} {root.get('height')}"
+        assert "max-width: 100%" in root.get("style")
+    assert float(ET.fromstring(block_sizes().svg()).get("width")) >= PLOT_W
