@@ -1,0 +1,159 @@
+"""`python -m minipaged.serve`: load a model, start the engine loop and the HTTP server.
+
+Prints where the API and the dashboard are. `ServerThread` runs the same server in a thread of
+the calling process (tests, the serving benchmark, a notebook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+import threading
+import time
+
+import uvicorn
+
+from minipaged.serve.api import Server, ServerConfig
+
+EPILOG = """\
+examples:
+  python -m minipaged.serve                                 # SmolLM2 on 127.0.0.1:8000
+  python -m minipaged.serve --host 0.0.0.0 --api-key room42 # a workshop room on the network
+  python -m minipaged.serve --scheduler static              # the before picture: static batching
+
+Then, from any machine that reaches it:
+  from openai import OpenAI
+  client = OpenAI(base_url="http://HOST:8000/v1", api_key="room42")
+  print(client.chat.completions.create(model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "What is a page table?"}]).choices[0].message.content)"""
+
+
+def size(text: str) -> int:
+    """Bytes from '536870912', '512M', '512MiB' or '1G' (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.I)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes, or e.g. 512M or 1G")
+    return int(match[1]) * 1024 ** " KMG".index((match[2] or " ").upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minipaged.serve", epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     description="An OpenAI-compatible server with a live page-table dashboard.")
+    add = parser.add_argument
+    add("--model", default=None, help="hub id or local folder (default: SmolLM2-135M-Instruct, offline if need be)")
+    add("--served-model-name", default=None, help="the name clients send as `model` (default: --model's)")
+    add("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when usable, else cpu")
+    add("--host", default="127.0.0.1", help="address to listen on (default %(default)s; 0.0.0.0 for a room)")
+    add("--port", type=int, default=8000, help="default %(default)s; 0 picks a free one")
+    add("--api-key", default=os.environ.get("MINIPAGED_API_KEY"),
+        help="every /v1 route then wants 'Authorization: Bearer KEY' (default: $MINIPAGED_API_KEY)")
+    add("--block-size", type=int, default=16, help="tokens per KV block (default %(default)s)")
+    add("--kv-cache-memory", type=size, default=0, help="KV cache size, e.g. 256M (default: 512M on a CPU)")
+    add("--num-blocks", type=int, default=0, help="KV frames, instead of --kv-cache-memory (a small pool shows more)")
+    add("--max-model-len", type=int, default=0, help="longest prompt + answer (default: the model's)")
+    add("--max-num-seqs", type=int, default=64, help="most sequences in one batch (default %(default)s)")
+    add("--preemption-mode", default="recompute", choices=["recompute", "swap"])
+    add("--scheduler", default="continuous", choices=["continuous", "static"],
+        help="static: the pre-Orca baseline, for a before/after demo")
+    add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    add("--max-waiting", type=int, default=256,
+        help="requests that may queue beyond --max-num-seqs; more get 503 (default %(default)s)")
+    add("--dashboard-show-text", action="store_true",
+        help="show prompts and answers on the dashboard (by default: ids and token counts only)")
+    add("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def engine_options(args) -> dict:
+    return {"block_size": args.block_size, "kv_cache_memory": args.kv_cache_memory,
+            "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs, "preemption_mode": args.preemption_mode,
+            "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching}
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (bound before uvicorn starts, so port 0 gives a known free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def urls(host: str, port: int) -> list[str]:
+    """Where clients reach a server listening on host: every address of this machine for 0.0.0.0."""
+    if host not in ("0.0.0.0", "::", ""):
+        return [f"http://{f'[{host}]' if ':' in host else host}:{port}"]
+    names = {socket.gethostname()}
+    try:
+        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    except OSError:
+        pass
+    return [f"http://{name}:{port}" for name in sorted(names)] + [f"http://127.0.0.1:{port}"]
+
+
+class ServerThread:
+    """`with ServerThread(server) as url:` serves on 127.0.0.1 on a free port, in a thread."""
+
+    def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0):
+        self.server, self.sock = server, bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", lifespan="on",
+                                                     timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
+                                       name="minipaged-http", daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start (see its log above)")
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from minipaged.engine import LLM
+    from minipaged.weights import DEFAULT_MODEL
+    try:
+        llm = LLM(args.model, device=args.device, **engine_options(args))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or args.model or DEFAULT_MODEL
+    server = Server(llm.engine, llm.tokenizer, ServerConfig(
+        model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
+        dashboard_show_text=args.dashboard_show_text))
+    sock = bind(args.host, args.port)
+    port = sock.getsockname()[1]
+    blocks = llm.engine.blocks
+    print(f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "
+          f"{blocks.num_frames} KV frames of {blocks.block_size} tokens, max_model_len "
+          f"{llm.max_model_len}, {args.scheduler} batching")
+    for url in urls(args.host, port):
+        print(f"  API (OpenAI):  {url}/v1    dashboard: {url}/    metrics: {url}/metrics")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print("  warning: listening beyond this machine with no --api-key: anyone on the network "
+              "may send requests", file=sys.stderr)
+    print("Ctrl-C stops it.", flush=True)
+    config = uvicorn.Config(server.app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=2)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn stops cleanly, then raises the Ctrl-C it caught again
+        pass
+    print("stopped.")
+    return 0
