@@ -21,7 +21,8 @@ from minipaged import beam
 from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model
 from minipaged.outputs import CompletionOutput, RequestOutput, StepReport, rejected
-from minipaged.paging import BlockManager, KVCache, StaticBlockManager, bytes_per_frame, check_size
+from minipaged.paging import (RESERVATIONS, SWAP_SPACE, BlockManager, ContiguousBlockManager, KVCache,
+                              StaticBlockManager, bytes_per_frame, check_size, default_kv_memory)
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
 from minipaged.scheduler import POLICIES, Batch, Request, Scheduler, SchedulerConfig, Sequence, Status
@@ -42,14 +43,22 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     scheduler: str = "continuous"       # or "static": the pre-Orca baseline
     watermark: float = 0.01
+    allocator: str = "paged"            # or "contiguous-max" / "-pow2" / "-oracle": Orca's baselines
+    enable_chunked_prefill: bool = False  # prompts in chunks within max_num_batched_tokens per step
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs"):
             check_size(name, getattr(self, name), minimum=1)
         for name in ("num_blocks", "kv_cache_memory", "swap_space", "max_model_len", "max_num_batched_tokens"):
             check_size(name, getattr(self, name), minimum=0)
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        if self.enable_chunked_prefill and self.scheduler == "static":
+            raise ValueError("enable_chunked_prefill needs scheduler='continuous': a static batch "
+                             "is formed once, so there are no running decodes to share steps with")
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
         if self.scheduler not in POLICIES:
@@ -74,13 +83,14 @@ class LLMEngine:
                                  self.blocks.num_frames * self.blocks.block_size)
         self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,
                           self.blocks.block_size, host_frames, model.dtype, model.device)
-        budget = config.max_num_batched_tokens or max(4096, self.max_model_len)
-        if budget < self.max_model_len:
+        chunked = config.enable_chunked_prefill
+        budget = config.max_num_batched_tokens or (512 if chunked else max(4096, self.max_model_len))
+        if budget < self.max_model_len and not chunked:
             raise ValueError(f"max_num_batched_tokens={budget} is below max_model_len={self.max_model_len}: "
-                             "a long prompt could never be prefilled (minipaged has no chunked prefill)")
+                             "a long prompt could never be prefilled (unless enable_chunked_prefill=True)")
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, budget, config.preemption_mode,
-                                                   config.watermark, self.max_model_len, config.scheduler),
-                                   self.blocks)
+                                                   config.watermark, self.max_model_len, config.scheduler,
+                                                   chunked), self.blocks)
         self.runner = ModelRunner(model, self.kv)
         self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -152,16 +162,18 @@ class LLMEngine:
         """Each row's new tokens and the paging arrays; padding rows (static batching) compute
         their last cached token again and write nothing."""
         rows, padding = batch.scheduled, [seq for _, seq in batch.padding]
-        tokens = [s.seq.token_ids[len(s.seq.token_ids) - s.num_new_tokens:] for s in rows]
+        ends = [s.seq.num_computed + s.num_new_tokens for s in rows]  # a prompt chunk ends early
+        tokens = [s.seq.token_ids[end - s.num_new_tokens:end] for s, end in zip(rows, ends)]
         tokens += [[seq.token_ids[seq.num_computed - 1]] for seq in padding]
         arrays = self.blocks.step_arrays([s.seq.seq_id for s in rows], [s.num_new_tokens for s in rows],
-                                         [seq.seq_id for seq in padding])
+                                         [seq.seq_id for seq in padding], ends)
         return tokens, arrays
 
     def _sample(self, batch: Batch, logits: np.ndarray, new_text: dict) -> list[RequestOutput]:
         """Pick each sequence's next token (or the next beams); finish what is done."""
         rows, beams = [], {}
         for scheduled, row in zip(batch.scheduled, logits):
+            scheduled.seq.num_computed += scheduled.num_new_tokens  # (a prompt chunk samples nothing)
             for seq in scheduled.samplers:  # forked samples share the prompt's cache
                 seq.num_computed = len(scheduled.seq.token_ids)
                 if scheduled.request.beam_search:
@@ -276,7 +288,10 @@ class LLMEngine:
         (every sample or beam with its own copy of prompt and output, as after a recompute)."""
         length = min(prompt_len + params.max_tokens, self.max_model_len)
         num_seqs = max(params.n, params.beam_width)
-        needed = num_seqs * self.blocks.frames_for(length)
+        if num_seqs > 1 and not self.blocks.can_fork:
+            raise ValueError(f"n={params.n}, beam_width={params.beam_width}: allocator={self.config.allocator!r} "
+                             "cannot share frames between sequences; use allocator='paged'")
+        needed = num_seqs * self.blocks.frames_to_admit(length, length)
         if needed > self.blocks.num_frames:
             raise ValueError(f"it needs {needed} frames of {self.blocks.block_size} tokens (prompt {prompt_len} "
                              f"+ max_tokens {params.max_tokens}, {num_seqs} sequences) but the KV pool has "
@@ -305,12 +320,15 @@ class LLMEngine:
                              num_cached_tokens=request.num_cached_tokens)
 
 
-SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
+ALLOCATORS = ("paged",) + tuple(f"contiguous-{r}" for r in RESERVATIONS)
 
 
 def make_block_manager(config: EngineConfig, num_blocks: int, host_frames: int, max_positions: int):
-    """Paged memory, or for static batching the baseline before it: one region of
-    max_model_len contiguous slots reserved per sequence (StaticBlockManager)."""
+    """Paged memory; or Orca's contiguous chunks (first fit); or for static batching the
+    baseline before both: one region of max_model_len slots per sequence (StaticBlockManager)."""
+    max_model_len = min(config.max_model_len or max_positions, max_positions, num_blocks * config.block_size)
+    if config.allocator != "paged":
+        return ContiguousBlockManager(num_blocks, config.block_size, config.allocator.split("-")[1], max_model_len)
     if config.scheduler == "static":
         return StaticBlockManager(num_blocks * config.block_size, config.max_model_len or max_positions)
     return BlockManager(num_blocks, config.block_size, host_frames, config.enable_prefix_caching)
@@ -333,23 +351,13 @@ def check_text(text, name: str) -> str:
     return text
 
 
-def default_kv_memory(device: str, requested: int) -> int:
-    """Bytes for the KV cache: as asked, else 512 MiB on a CPU, half the free memory on a GPU."""
-    if requested:
-        return requested
-    if device == "cuda":
-        import cupy
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        return free // 2
-    return 512 * 2**20
-
-
 class LLM:
     """A model ready to generate: `LLM()` loads SmolLM2-135M-Instruct on the best device.
 
     Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
     kv_cache_memory or num_blocks, max_model_len, max_num_seqs, enable_prefix_caching,
-    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static").
+    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static"), allocator
+    ("paged" or "contiguous-max/pow2/oracle"), enable_chunked_prefill, max_num_batched_tokens.
 
     `generate`, `stream` and requests added to `llm.engine` by hand may interleave: whoever
     steps the engine puts every finished output in `unclaimed`, and each caller takes its own."""

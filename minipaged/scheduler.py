@@ -15,8 +15,14 @@ first come first served: `waiting` (not yet in memory), `running` (frames on the
 
 Prefill and decode are mixed in one step: the runner flattens all sequences' new tokens into
 one batch anyway, so a newly admitted prompt joins the running decodes at once instead of
-making them wait a step (no chunked prefill: a prompt is computed in one step, which is why
-`max_num_batched_tokens` must be at least `max_model_len`).
+making them wait a step. A prompt is computed in one step, unless `chunked_prefill`: then
+decodes go first and prompts take what is left of the `max_num_batched_tokens` budget, a chunk
+per step, so a long prompt no longer stalls every running decode for one long step. While a
+prompt is part-computed nobody else is admitted (a prefix-cache hit on its blocks would read K
+and V not written yet), and it is never preempted (it needs no new frame to finish).
+
+The allocator behind `blocks` may be paged, or contiguous (minipaged.paging.contiguous): then
+admission reserves each request's chunk up front and also asks whether one piece fits.
 
 The same scheduler runs the pre-Orca baseline under the `STATIC` policy: a batch is formed
 only when the last one is done, reserves its whole run's memory up front, and its finished
@@ -27,68 +33,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
 from minipaged.paging import BlockManager, MemoryMoves
-from minipaged.sampling import SamplingParams
-
-
-class Status(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    SWAPPED = "swapped"
-    FINISHED = "finished"
-
-
-@dataclass(slots=True, eq=False)
-class Sequence:
-    """One continuation of a prompt. The KV of token_ids[:num_computed] is in the cache."""
-    seq_id: int
-    token_ids: list[int]
-    prompt_len: int
-    index: int = 0                # which sample / beam of its request
-    num_computed: int = 0
-    cumulative_logprob: float = 0.0
-    finish_reason: str | None = None
-    generator: object = None      # the sampler's random stream
-    detokenizer: object = None    # the engine's incremental detokenizer
-    text: str = ""
-    released: int = 0             # characters of `text` handed out (the rest may start a stop string)
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """A user's request: a prompt and its sequences (n samples, or the live beams)."""
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    arrival: int = 0
-    status: Status = Status.WAITING
-    num_cached_tokens: int = 0      # prompt tokens found in the prefix cache at first admission
-    done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses
-
-    @property
-    def live(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.finished]
-
-    @property
-    def beam_search(self) -> bool:
-        return self.params.beam_width > 1
+from minipaged.sequence import Request, Sequence, Status
 
 
 @dataclass(slots=True)
 class Scheduled:
-    """One sequence in this step's batch: its last `num_new_tokens` tokens are computed.
+    """One sequence in this step's batch: its `num_new_tokens` tokens after `seq.num_computed`
+    are computed (all of them but at a prompt chunk that is not its last).
     `samplers` are the sequences that take their next token from its logits (itself, or all n
     samples of a prompt that they still share)."""
     seq: Sequence
@@ -136,6 +89,7 @@ class SchedulerConfig:
     watermark: float = 0.01              # fraction of frames admission leaves free
     max_model_len: int = 2048            # the longest a sequence may grow
     policy: str = "continuous"           # or "static": the pre-Orca baseline
+    chunked_prefill: bool = False        # split prompts to fit max_num_batched_tokens per step
 
     def __post_init__(self):
         if self.preemption_mode not in ("recompute", "swap"):
@@ -155,6 +109,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.padding: list[tuple[Request, Sequence]] = []  # static: finished rows of the batch
+        self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}  # (seq, samplers) left
         self.watermark_frames = int(config.watermark * blocks.num_frames)
 
     def add(self, request: Request) -> None:
@@ -168,7 +123,10 @@ class Scheduler:
         self._reserve_decode_slots(batch)
         if not batch.preempted:
             self._swap_in(batch)
-        if not batch.preempted and not self.swapped and (self.policy.joins_running_batch or not self.running):
+        for request in list(self.prefilling):
+            self._schedule_prefill(request, batch)
+        if (not batch.preempted and not self.swapped and not self.prefilling
+                and (self.policy.joins_running_batch or not self.running)):
             self._admit(batch)
         batch.padding = list(self.padding)
         return batch
@@ -181,9 +139,9 @@ class Scheduler:
             self.free_seq(seq)
 
     def free_seq(self, seq: Sequence) -> None:
-        """Release a sequence's frames now (a pruned beam, or the end of a batch)."""
+        """Release a sequence's frames now (a pruned beam, the end of a batch, an abort)."""
         if self.blocks.has(seq.seq_id):
-            self.blocks.free(seq.seq_id)
+            self.blocks.free(seq.seq_id, seq.num_computed)
 
     def finish(self, request: Request) -> None:
         """A request whose sequences are all finished (or aborted) leaves its queue. A static
@@ -191,6 +149,7 @@ class Scheduler:
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
+        self.prefilling.pop(request, None)
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
@@ -204,8 +163,13 @@ class Scheduler:
         queue, self.running = deque(self.running), []
         while queue:
             request = queue.popleft()
+            if request in self.prefilling:  # its prompt's frames are mapped: it needs no slot
+                self.running.append(request)
+                continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = queue.pop() if queue else request
+                victim = next((r for r in reversed(queue) if r not in self.prefilling), request)
+                if victim is not request:
+                    queue.remove(victim)
                 self._preempt(victim, batch)
                 if victim is request:
                     break
@@ -229,16 +193,19 @@ class Scheduler:
             request = self.waiting[0]
             mapped = self._to_map(request)
             alone = not self.running  # a request that fits an idle engine is always admitted
+            tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
             if not alone and (self._num_running_seqs() + len(request.live) > self.config.max_num_seqs
-                              or batch.num_tokens + sum(len(s.token_ids) for s in mapped)
-                              > self.config.max_num_batched_tokens):
+                              or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
                 return
             keep_free = 0 if alone or self.policy.reserves_whole_run else self.watermark_frames
-            if promised + self._frames_to_admit(request, mapped) > budget - keep_free:
+            frames = self._frames_to_admit(request, mapped)
+            if promised + frames > budget - keep_free or not self.blocks.can_reserve(frames // len(mapped)):
                 return
-            promised += self._frames_to_admit(request, mapped)
+            promised += frames
             self.waiting.popleft()
             self._allocate(request, mapped, batch)
+            if self.prefilling:  # a part-computed prompt: nobody may hit its blocks yet
+                return
 
     # ---- the steps they share -------------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
@@ -262,24 +229,26 @@ class Scheduler:
     def _frames_to_admit(self, request: Request, mapped: list[Sequence]) -> int:
         """Frames admission counts: the prompts' now (continuous: sequences grow later and are
         preempted if they must), or the worst case of the whole run (static: nobody is
-        preempted, so every sequence's reservation is taken at once)."""
-        if not self.policy.reserves_whole_run:
-            return sum(self.blocks.frames_for(len(s.token_ids)) for s in mapped)
+        preempted, so every sequence's reservation is taken at once). A contiguous allocator
+        counts the chunk it reserves either way."""
         p = request.params
-        final_len = min(len(request.prompt_token_ids) + p.max_tokens, self.config.max_model_len)
-        return max(p.n, p.beam_width) * self.blocks.frames_for(final_len)
+        final_len = self._final_len(request)
+        if not self.policy.reserves_whole_run:
+            return sum(self.blocks.frames_to_admit(len(s.token_ids), final_len) for s in mapped)
+        return max(p.n, p.beam_width) * self.blocks.frames_to_admit(final_len, final_len)
+
+    def _final_len(self, request: Request) -> int:
+        """The longest the request's sequences can grow (a contiguous allocator reserves for it)."""
+        return min(len(request.prompt_token_ids) + request.params.max_tokens, self.config.max_model_len)
 
     def _allocate(self, request: Request, mapped: list[Sequence], batch: Batch) -> None:
         """Map the sequences (prefix-cache hits reused), fork the rest of a fresh request's
         samples (they share the prompt's frames and sample from the same logits), and schedule
-        the tokens not yet in the cache."""
+        the tokens not yet in the cache (or their first chunk)."""
         first, live = mapped[0], request.live
         for seq in mapped:
-            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, self._final_len(request))
             batch.cached_tokens += seq.num_computed
-            samplers = live if len(mapped) < len(live) else [seq]
-            batch.scheduled.append(Scheduled(seq, request, len(seq.token_ids) - seq.num_computed,
-                                             samplers, "prefill"))
         for seq in live[len(mapped):]:
             self.blocks.fork(first.seq_id, seq.seq_id)
             seq.num_computed = first.num_computed
@@ -287,13 +256,33 @@ class Scheduler:
             request.num_cached_tokens = first.num_computed
         request.status = Status.RUNNING
         self.running.append(request)
+        self.prefilling[request] = [(seq, live if len(mapped) < len(live) else [seq]) for seq in mapped]
+        self._schedule_prefill(request, batch)
+
+    def _schedule_prefill(self, request: Request, batch: Batch) -> None:
+        """Schedule the request's prompt tokens not yet computed: all of them, or with chunked
+        prefill what this step's token budget leaves (the samplers run at the last chunk). The
+        several sequences of a recomputed request are prefilled in one step: they sample together."""
+        pending = self.prefilling[request]
+        chunked = self.config.chunked_prefill and len(pending) == 1
+        while pending:
+            seq, samplers = pending[0]
+            left = len(seq.token_ids) - seq.num_computed
+            n = min(left, self.config.max_num_batched_tokens - batch.num_tokens) if chunked else left
+            if n < 1:
+                return
+            batch.scheduled.append(Scheduled(seq, request, n, samplers if n == left else [], "prefill"))
+            if n < left:
+                return
+            pending.pop(0)
+        del self.prefilling[request]
 
     def _preempt(self, request: Request, batch: Batch) -> None:
         """Take a running request's frames away: to host memory (swap; recompute when the host
         pool is full too) or for good (recompute). The caller drops it from `running`."""
         ids = [s.seq_id for s in request.live]
         mode = self.config.preemption_mode
-        if mode == "swap" and self.blocks.can_swap_out(*ids):
+        if mode == "swap" and self.blocks.can_swap_out(*ids):  # (contiguous: never, no host pool)
             batch.moves.swap_out += self.blocks.swap_out(*ids)
             request.status = Status.SWAPPED
             self.swapped.append(request)

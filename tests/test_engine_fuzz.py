@@ -1,15 +1,18 @@
 """A fuzzer of the whole engine: every option drawn at random, checked after every step.
 
 Each scenario is drawn from one seed: block size (1, 2, 5, 16), continuous or static scheduler,
-preemption by recompute or swap, prefix caching on or off, max_model_len, a KV pool from the
+preemption by recompute or swap, prefix caching on or off, paged or contiguous memory (Orca's
+max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requests only),
+chunked prefill with a budget of a few tokens per step, max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
 by code of this file only (it reads engine internals, never changes them):
 
 - after every step, add and abort: each frame's ref count is the number of block tables that
-  map it (device and host pools apart), free + used = total, every table has the frames its
-  tokens need; when the engine is idle, no table is left and every frame is free;
+  map it (device and host pools apart), free + used (+ reserved, contiguous) = total, every
+  table has the frames its tokens need, a contiguous table's frames are consecutive within its
+  chunk and no two chunks overlap; when the engine is idle, no table is left and every frame is free;
 - on every write of K and V (a wrapper around the attention implementation's write_kv): each
   slot lies in a mapped frame that no other table maps. The one exception allowed is a write
   that every table mapping the frame wants, token for token (a prompt prefilled once for all
@@ -38,7 +41,7 @@ import os
 import re
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pytest
@@ -83,18 +86,30 @@ class Scenario:
     arrival_spread: int = 8              # half the requests arrive at step 0, the rest by this step
     stops: bool = True                   # stop strings and stop token ids
     long_rate: float = 0.2               # requests asking for more than max_model_len holds
+    allocator: str = "paged"             # or "contiguous-max" / "-pow2" / "-oracle"
+    chunked_prefill: bool = False
+    max_num_batched_tokens: int = 0      # with chunked_prefill: the token budget of a step
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
         rng = np.random.default_rng([BASE_SEED, seed, 0])
         pick = lambda options: options[int(rng.integers(len(options)))]
-        return cls(seed=seed, block_size=pick(BLOCK_SIZES),
-                   scheduler="static" if rng.random() < 0.2 else "continuous",
-                   preemption_mode=pick(("recompute", "swap")), prefix_caching=bool(rng.random() < 0.6),
-                   max_model_len=pick((12, 24, 40, 64)), max_num_seqs=pick((64, 64, 4)),
-                   pool_slack=pick((0.0, 0.0, 0.1, 0.3, 1.0)), num_requests=int(rng.integers(2, 9)),
-                   abort_rate=pick((0.0, 0.03, 0.1)), arrival_spread=int(rng.integers(0, 12)),
-                   stops=bool(rng.random() < 0.7), long_rate=pick((0.0, 0.2)))
+        sc = cls(seed=seed, block_size=pick(BLOCK_SIZES),
+                 scheduler="static" if rng.random() < 0.2 else "continuous",
+                 preemption_mode=pick(("recompute", "swap")), prefix_caching=bool(rng.random() < 0.6),
+                 max_model_len=pick((12, 24, 40, 64)), max_num_seqs=pick((64, 64, 4)),
+                 pool_slack=pick((0.0, 0.0, 0.1, 0.3, 1.0)), num_requests=int(rng.integers(2, 9)),
+                 abort_rate=pick((0.0, 0.03, 0.1)), arrival_spread=int(rng.integers(0, 12)),
+                 stops=bool(rng.random() < 0.7), long_rate=pick((0.0, 0.2)))
+        more = np.random.default_rng([BASE_SEED, seed, 4])  # a stream of its own: the draws above stay
+        pick = lambda options: options[int(more.integers(len(options)))]
+        changes = {}
+        if more.random() < 0.25:
+            changes |= {"allocator": pick(("contiguous-max", "contiguous-pow2", "contiguous-oracle")),
+                        "kinds": ("greedy", "sampled")}
+        if sc.scheduler == "continuous" and more.random() < 0.35:
+            changes |= {"chunked_prefill": True, "max_num_batched_tokens": pick((1, 2, 3, 5, 8, 16))}
+        return replace(sc, **changes)
 
     def short(self) -> str:
         """Only the fields that differ from the defaults (what a bug report needs)."""
@@ -120,6 +135,22 @@ NAMED = {
                                   num_requests=8, abort_rate=0.05),
     "recompute-cached-tokens": Scenario(0, block_size=2, kinds=("greedy",), num_requests=8, abort_rate=0,
                                         stops=False),
+    "chunked-samples-prefix-cache": Scenario(0, block_size=2, kinds=("samples", "greedy"), chunked_prefill=True,
+                                             max_num_batched_tokens=3, num_requests=8, abort_rate=0.1),
+    "chunked-beams-swap": Scenario(0, kinds=("beam", "greedy"), chunked_prefill=True, max_num_batched_tokens=2,
+                                   preemption_mode="swap", abort_rate=0.05, num_requests=6),
+    "chunked-beams-recompute": Scenario(321, block_size=2, max_model_len=24, pool_slack=0.3, num_requests=5,
+                                        abort_rate=0.0, arrival_spread=11, long_rate=0.0, chunked_prefill=True,
+                                        max_num_batched_tokens=5),  # recomputed beams sample together
+    "chunked-tight-recompute": Scenario(0, block_size=1, kinds=("greedy", "samples"), chunked_prefill=True,
+                                        max_num_batched_tokens=5, abort_rate=0.05, num_requests=8),
+    "contiguous-oracle-chunked": Scenario(0, allocator="contiguous-oracle", kinds=("greedy", "sampled"),
+                                          block_size=2, chunked_prefill=True, max_num_batched_tokens=4,
+                                          num_requests=8, abort_rate=0.05),
+    "contiguous-max-static": Scenario(0, allocator="contiguous-max", scheduler="static", block_size=5,
+                                      kinds=("greedy", "sampled"), num_requests=8, abort_rate=0.05),
+    "contiguous-pow2-tight": Scenario(0, allocator="contiguous-pow2", block_size=1, kinds=("greedy",),
+                                      num_requests=8, abort_rate=0, stops=False),
 }
 NAMED_SEEDS = max(1, round(3 * SCALE))
 
@@ -240,6 +271,7 @@ class Stats:
     swapped_in: int = 0
     cached_tokens: int = 0
     shared_writes: int = 0           # allowed writes into a frame several tables want written
+    prompt_chunks: int = 0           # prefill rows that continue the previous step's prefill (chunked)
     finish_reasons: Counter = field(default_factory=Counter)
     kinds: Counter = field(default_factory=Counter)           # request kinds run
     options: Counter = field(default_factory=Counter)         # scenario options run
@@ -250,7 +282,7 @@ class Stats:
                 f"preemptions {dict(self.preempted)}, aborts {dict(self.aborts)}, "
                 f"{self.copies} copy-on-write copies, swaps out/in {self.swapped_out}/{self.swapped_in}, "
                 f"{self.cached_tokens} cached tokens, {self.shared_writes} writes into frames shared by "
-                f"identical tables, "
+                f"identical tables, {self.prompt_chunks} prompt chunks after the first, "
                 f"finish reasons {dict(self.finish_reasons)}, kinds {dict(self.kinds)}")
 
     def report(self, report) -> None:
@@ -294,7 +326,14 @@ class Checker:
         blocks = self.blocks
         pools = (("device", blocks.device), ("host", blocks.host))
         counts = {name: np.zeros(pool.num_blocks, dtype=np.int64) for name, pool in pools}
+        chunks = np.zeros(blocks.device.num_blocks, dtype=np.int64)  # contiguous: chunks over each frame
         for seq_id, table in blocks.tables.items():
+            if hasattr(table, "start"):  # a contiguous chunk: frames start, start + 1, ... of its own
+                chunks[table.start:table.start + table.size] += 1
+                if table.frames != list(range(table.start, table.start + len(table.frames))) \
+                        or len(table.frames) > table.size:
+                    raise FuzzFailure("chunk-not-consecutive", f"{when}: sequence {seq_id} maps {table.frames} "
+                                      f"in a chunk of {table.size} frames at {table.start}")
             name = next((n for n, pool in pools if table.allocator is pool), None)
             if name is None:
                 raise FuzzFailure("table-in-no-pool", f"{when}: the table of sequence {seq_id} is in neither pool")
@@ -306,6 +345,12 @@ class Checker:
                 raise FuzzFailure("table-maps-a-frame-twice", f"{when}: sequence {seq_id}: {table.frames}")
             for frame in table.frames:
                 counts[name][frame] += 1
+        if chunks.max(initial=0) > 1:
+            raise FuzzFailure("chunks-overlap", f"{when}: frame {int(chunks.argmax())} is in two chunks")
+        reserved = getattr(blocks.device, "num_reserved", 0)
+        if reserved != int(chunks.sum()) - int(np.count_nonzero(counts["device"])) * bool(chunks.any()):
+            raise FuzzFailure("reserved-count", f"{when}: {reserved} frames counted reserved, the chunks hold "
+                              f"{int(chunks.sum())} of which {int(np.count_nonzero(counts['device']))} mapped")
         for name, pool in pools:
             ref_counts = np.asarray(pool.ref_counts)
             wrong = np.flatnonzero(ref_counts != counts[name])
@@ -313,10 +358,10 @@ class Checker:
                 f = int(wrong[0])
                 raise FuzzFailure("ref-count", f"{when}: {name} frame {f} has ref count {ref_counts[f]} "
                                   f"but {counts[name][f]} tables map it ({wrong.size} frames wrong)")
-            used = int(np.count_nonzero(ref_counts))
+            used = int(np.count_nonzero(ref_counts)) + (reserved if name == "device" else 0)
             if pool.num_free + used != pool.num_blocks:
                 raise FuzzFailure("free+used!=total", f"{when}: {name} pool: {pool.num_free} free + {used} "
-                                  f"used != {pool.num_blocks} frames")
+                                  f"used (or reserved) != {pool.num_blocks} frames")
         if not self.engine.has_unfinished_requests():
             self.check_idle(when)
 
@@ -467,7 +512,8 @@ def alone(llm, block_size: int, max_model_len: int, prompt: list[int], params: S
 def engine_options(sc: Scenario) -> dict:
     return {"block_size": sc.block_size, "max_model_len": sc.max_model_len, "scheduler": sc.scheduler,
             "preemption_mode": sc.preemption_mode, "enable_prefix_caching": sc.prefix_caching,
-            "max_num_seqs": sc.max_num_seqs}
+            "max_num_seqs": sc.max_num_seqs, "allocator": sc.allocator,
+            "enable_chunked_prefill": sc.chunked_prefill, "max_num_batched_tokens": sc.max_num_batched_tokens}
 
 
 def accepts(llm, reqs: list[Req], options: dict, num_blocks: int) -> bool:
@@ -507,14 +553,15 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     checker = Checker(engine, stats)
     stats.scenarios += 1
     stats.options.update([f"block_size={sc.block_size}", sc.scheduler, sc.preemption_mode,
-                          f"prefix_caching={sc.prefix_caching}"])
+                          f"prefix_caching={sc.prefix_caching}", sc.allocator,
+                          f"chunked_prefill={sc.chunked_prefill}"])
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
     state: dict[str, str] = {}      # live request -> waiting / running / swapped (from the reports)
     outputs, aborted = {}, set()
     budget = 50 + 6 * sum(len(r.prompt) + r.params.max_tokens for r in reqs)
-    step = 0
+    step, last_prefills = 0, set()
     while pending or engine.has_unfinished_requests():
         while pending and (pending[0].arrival <= step or not engine.has_unfinished_requests()):
             r = pending.pop(0)
@@ -540,6 +587,9 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
                 continue
         report = engine.step()
         stats.report(report)
+        prefills = {(rid, i) for rid, i, kind, _ in report.ran if kind == "prefill"}
+        stats.prompt_chunks += len(prefills & last_prefills)
+        last_prefills = prefills
         for rid, *_ in report.ran:
             if rid in state:
                 state[rid] = "running"
@@ -601,6 +651,8 @@ def test_fuzz_engine(llm, capsys):
     assert stats.copies and stats.cached_tokens and stats.swapped_in, stats.line()
     assert all(stats.options[f"block_size={b}"] for b in BLOCK_SIZES), stats.options
     assert stats.options["static"] and stats.kinds["beam"] and stats.kinds["samples"], stats.line()
+    assert all(stats.options[f"contiguous-{r}"] for r in ("max", "pow2", "oracle")), stats.options
+    assert stats.options["chunked_prefill=True"] and stats.prompt_chunks, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 
 

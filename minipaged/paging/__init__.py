@@ -1,17 +1,19 @@
 """Paged KV-cache memory, managed like virtual memory: frames, page tables, fork, copy-on-write,
-a prefix (page) cache and swap. The scheduler talks to BlockManager; the model gets the flat
+a prefix (page) cache and swap; beside them, the contiguous allocators paging replaced. The scheduler talks to BlockManager; the model gets the flat
 arrays of BlockManager.step_arrays and the KVCache arrays, never these objects.
 """
 
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
 from minipaged.paging.block_table import BlockTable, CowPair
-from minipaged.paging.kv_cache import KVCache, bytes_per_frame, num_blocks_for_memory
+from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
+from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory, num_blocks_for_memory
 from minipaged.paging.manager import BlockManager, MemoryMoves, MemoryUsage, StepArrays
 from minipaged.paging.prefix_cache import PrefixCache, block_hash
 from minipaged.paging.static import StaticBlockManager
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
-    "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
-    "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager",
+    "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
+    "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
+    "ContiguousBlockManager",
 ]

@@ -13,6 +13,19 @@ import numpy as np
 from minipaged.backend import default_dtype, get_xp, resolve_device, to_numpy
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, check_size
 
+SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
+
+
+def default_kv_memory(device: str, requested: int) -> int:
+    """Bytes for the KV cache: as asked, else 512 MiB on a CPU, half the free memory on a GPU."""
+    if requested:
+        return requested
+    if device == "cuda":
+        import cupy
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return free // 2
+    return 512 * 2**20
+
 
 def bytes_per_frame(num_layers: int, num_kv_heads: int, head_dim: int,
                     block_size: int = DEFAULT_BLOCK_SIZE, dtype="float16") -> int:

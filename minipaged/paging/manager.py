@@ -60,6 +60,7 @@ class MemoryUsage:
 
 class BlockManager:
     """Page tables for all sequences. Frames are ints; a token's slot is frame * block_size + offset."""
+    can_fork = True  # may sequences share frames (fork, copy-on-write)?
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  num_host_blocks: int = 0, enable_prefix_caching: bool = True):
@@ -96,13 +97,24 @@ class BlockManager:
         """Frames that hold `num_tokens` tokens: ceil(num_tokens / block_size)."""
         return cdiv(num_tokens, self.block_size)
 
+    def frames_to_admit(self, num_tokens: int, final_len: int) -> int:
+        """Frames a sequence of `num_tokens` takes when admitted, growing to at most
+        `final_len`: paging takes the prompt's frames now and the rest on demand."""
+        return self.frames_for(num_tokens)
+
+    def can_reserve(self, num_frames: int) -> bool:
+        """Could `num_frames` free frames be taken as one piece? Paging: any frames will do
+        (a contiguous allocator answers otherwise, and counts its refusals)."""
+        return num_frames <= self.num_free_frames
+
     def can_allocate(self, num_tokens: int) -> bool:
         """Would a prompt of `num_tokens` fit now, even with no prefix-cache hit?"""
         check_size("num_tokens", num_tokens, minimum=0)
         return self.frames_for(num_tokens) <= self.num_free_frames
 
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int]) -> int:
-        """Map a new sequence's prompt, reusing the frames of its longest cached prefix.
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0) -> int:
+        """Map a new sequence's prompt, reusing the frames of its longest cached prefix
+        (`final_len`, the longest it may grow, is for allocators that reserve up front).
         Returns how many leading tokens are cache hits (whole blocks, and always fewer than
         len(token_ids): the model must compute the last token to get its logits). Compute
         the K and V of the rest: step_arrays(..., [len(token_ids) - hits]) gives their slots."""
@@ -140,9 +152,16 @@ class BlockManager:
             raise ValueError(f"cannot fork into {child_id!r}: that sequence already exists")
         self.tables[child_id] = self._table(parent_id).fork()
 
-    def free(self, seq_id: SeqId) -> None:
-        """The sequence finished or is preempted by recompute: release its frames."""
-        self._table(seq_id).free()
+    def free(self, seq_id: SeqId, num_computed: int | None = None) -> None:
+        """The sequence finished or is preempted by recompute: release its frames. Give
+        `num_computed` when fewer of its tokens have K and V than it maps (a prompt aborted
+        between chunks): the prefix cache then forgets the blocks that were never written."""
+        table = self._table(seq_id)
+        cache = table.allocator.prefix_cache
+        if cache is not None and num_computed is not None:
+            for frame in table.frames[num_computed // self.block_size:]:
+                cache.forget(frame)
+        table.free()
         del self.tables[seq_id]
 
     def swap_out(self, *seq_ids: SeqId) -> list[tuple[int, int]]:
@@ -172,28 +191,32 @@ class BlockManager:
         return list(self._device_table(seq_id).frames)
 
     def step_arrays(self, seq_ids: Sequence[SeqId], num_new_tokens: Sequence[int],
-                    padding: Sequence[SeqId] = ()) -> StepArrays:
+                    padding: Sequence[SeqId] = (), context_lens: Sequence[int] | None = None) -> StepArrays:
         """Flat inputs for one forward step over `seq_ids`: padded block tables, context lengths,
         and the slots of each sequence's last num_new_tokens[i] tokens (the uncached prompt
-        tokens at prefill, 1 at decode), in order. `padding` rows follow: sequences whose last
-        token is computed again but written nowhere (slot -1), as a fixed-shape batch does."""
+        tokens at prefill, 1 at decode), in order. `context_lens[i]` (default: all the tokens
+        its table holds) ends what sequence i attends to: a prompt chunk stops short of the
+        end. `padding` rows follow: sequences whose last token is computed again but written
+        nowhere (slot -1), as a fixed-shape batch does."""
         num_new_tokens = list(num_new_tokens) + [1] * len(padding)
         seq_ids = list(seq_ids) + list(padding)
         tables = [self._device_table(s) for s in seq_ids]
+        ends = list(context_lens or [t.num_tokens for t in tables[:len(tables) - len(padding)]])
+        ends += [t.num_tokens for t in tables[len(ends):]]
         max_blocks = max((len(t.frames) for t in tables), default=0)
         block_tables = np.full((len(tables), max_blocks), -1, dtype=np.int32)  # (num_seqs, max_blocks)
         slots = []
-        for i, (table, n) in enumerate(zip(tables, num_new_tokens, strict=True)):
-            if not 0 <= n <= table.num_tokens:
-                raise ValueError(f"sequence {seq_ids[i]!r} holds {table.num_tokens} tokens; "
-                                 f"cannot compute its last {n}")
+        for i, (table, n, end) in enumerate(zip(tables, num_new_tokens, ends, strict=True)):
+            if not 0 <= n <= end <= table.num_tokens:
+                raise ValueError(f"sequence {seq_ids[i]!r} holds {table.num_tokens} tokens; cannot compute "
+                                 f"its last {n}" + (f" of the first {end}" if end != table.num_tokens else ""))
             block_tables[i, :len(table.frames)] = table.frames
             if i >= len(seq_ids) - len(padding):
                 slots.append(-1)
             else:
-                slots += [table.slot(p) for p in range(table.num_tokens - n, table.num_tokens)]
-        context_lens = np.array([t.num_tokens for t in tables], dtype=np.int32)  # (num_seqs,)
-        return StepArrays(block_tables, np.array(slots, dtype=np.int32), context_lens)
+                slots += [table.slot(p) for p in range(end - n, end)]
+        return StepArrays(block_tables, np.array(slots, dtype=np.int32),
+                          np.array(ends, dtype=np.int32))  # context_lens (num_seqs,)
 
     def frame_owners(self) -> dict[int, list[SeqId]]:
         """Device frame -> the sequences that map it (for pictures and checks)."""

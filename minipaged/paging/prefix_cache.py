@@ -53,6 +53,13 @@ class PrefixCache:
         """A hit on a parked frame takes it out of the LRU."""
         del self.evictable[frame]
 
+    def forget(self, frame: int) -> None:
+        """`frame` does not hold what its name says (its K and V were never computed)."""
+        key = self.key_of.pop(frame, None)
+        if key is not None:
+            del self.frame_of[block_hash(*key)]
+            self.evictable.pop(frame, None)
+
     def evict(self) -> int:
         """Forget the least recently used parked frame and return it for reuse."""
         frame, _ = self.evictable.popitem(last=False)
