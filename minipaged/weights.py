@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import deserialize
 
+from minipaged.backend import fit_blas_threads
+
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HUB_FILES = ["*.safetensors", "*.json", "*.jinja"]
 REQUIRED_FILES = ("config.json", "tokenizer.json")
@@ -36,9 +38,10 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
     try:
         return check_folder(Path(_hub_snapshot(model)))
     except Exception as error:  # offline, unknown id, gated repo: fall back or explain
-        if model != DEFAULT_MODEL:
-            raise RuntimeError(f"could not get {model!r} from the Hugging Face hub ({error}); "
-                               "pass a local folder instead, or check the network") from error
+        if model != DEFAULT_MODEL:  # one message; the hub's chain of exceptions says no more
+            raise FileNotFoundError(f"model {model!r} is not a local folder, and {_hub_trouble(error)}: "
+                                    "check the name, or pass a folder holding config.json, "
+                                    "tokenizer.json and *.safetensors") from None
     from minipaged.offline_model import offline_default_model
     return check_folder(offline_default_model())
 
@@ -49,6 +52,18 @@ def _hub_snapshot(repo_id: str) -> str:
         return snapshot_download(repo_id, allow_patterns=HUB_FILES, local_files_only=True)
     except Exception:
         return snapshot_download(repo_id, allow_patterns=HUB_FILES)
+
+
+def _hub_trouble(error: Exception) -> str:
+    """Why the hub gave no snapshot, in a few words a user can act on."""
+    kind = type(error).__name__
+    if kind == "GatedRepoError":
+        return "the hub holds it behind a license: accept it on huggingface.co and log in (hf auth login)"
+    if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "HFValidationError"):
+        return "the Hugging Face hub has no such model (or it is private)"
+    if kind == "LocalEntryNotFoundError":
+        return "the Hugging Face hub cannot be reached and its local cache does not hold it"
+    return f"the Hugging Face hub did not provide it ({kind}: {str(error).splitlines()[0][:200]})"
 
 
 def check_folder(folder: Path) -> Path:
@@ -83,7 +98,12 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def load_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of all *.safetensors files in a model folder, by Hugging Face name."""
+    """All tensors of all *.safetensors files in a model folder, by Hugging Face name.
+
+    Loading a model is also when its matrix products get their BLAS threads: one per core that
+    no other program keeps busy (backend.fit_blas_threads), so that an `LLM()` on a shared
+    machine does not decode several times slower than on an idle one."""
+    fit_blas_threads(samples=3)
     tensors = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(read_safetensors(path))

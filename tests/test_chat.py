@@ -103,9 +103,11 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-def test_an_engine_setting_the_engine_refuses_is_one_line(model):
-    result = run_pipe(model, ["hello"], "--kv-cache-memory", "1k")   # too small for one frame
-    assert "kv_cache_memory" in one_line_error(result)
+@pytest.mark.parametrize("option, value, named", [("--kv-cache-memory", "1k", "kv_cache_memory"),  # < 1 frame
+                                                  ("--block-size", "0", "block_size")])
+def test_an_engine_setting_the_engine_refuses_is_one_line(model, option, value, named):
+    result = run_pipe(model, ["hello"], option, value)   # LLM(...) raises ValueError: one line
+    assert named in one_line_error(result)
 
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has a GPU")

@@ -28,13 +28,35 @@ def _launch(name: str, grid: tuple, block: tuple, args: tuple) -> None:
     _kernel(name)(grid, block, args)
 
 
-def _num_sms() -> int:
+@functools.cache
+def launcher() -> kernels.Launcher:
+    """The contract's functions on the current device, built on first use: importing this module
+    never asks for a GPU, so an error about a missing device comes from the call that needs one."""
     if not cupy.cuda.is_available():
         raise RuntimeError("minipaged.attention.cuda needs a CUDA device; on a CPU use "
                            "minipaged.attention.reference (or .emulated, the kernels' own code)")
-    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+    num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]   # feeds the decode version rule
+    return kernels.Launcher(launch=_launch, xp=cupy, num_sms=num_sms)
 
 
-LAUNCHER = kernels.Launcher(launch=_launch, xp=cupy, num_sms=_num_sms())   # the current device
-write_kv, copy_blocks = LAUNCHER.write_kv, LAUNCHER.copy_blocks
-decode, prefill = LAUNCHER.decode, LAUNCHER.prefill
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    launcher().write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def copy_blocks(k_cache, v_cache, pairs) -> None:
+    launcher().copy_blocks(k_cache, v_cache, pairs)
+
+
+def decode(q, k_cache, v_cache, block_tables, context_lens, scale, **options):
+    return launcher().decode(q, k_cache, v_cache, block_tables, context_lens, scale, **options)
+
+
+def prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
+    return launcher().prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+
+
+def __getattr__(name: str):
+    """`cuda.LAUNCHER`, as kernel_bench and the GPU tests use it: the launcher, built on first use."""
+    if name == "LAUNCHER":
+        return launcher()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
