@@ -1,4 +1,4 @@
-"""`python -m minipaged.bench {decode,memory,kernel,throughput,sharing} [--json]`.
+"""`python -m minipaged.bench {decode,memory,kernel,throughput,sharing,serve} [--json]`.
 
 Each benchmark is a function `bench_<name>(args) -> dict` registered with @command; it prints
 a human summary itself (unless args.json) and returns the dict that --json prints. Progress
@@ -30,7 +30,8 @@ examples:
   python -m minipaged.bench throughput --requests 8 --json > throughput.json
 
 Run it inside the project's environment (`source .venv/bin/activate` after `make setup`), or
-through make: make bench-decode, bench-memory, bench-throughput, bench-sharing, bench-kernel."""
+through make: make bench-decode, bench-memory, bench-throughput, bench-sharing, bench-serve,
+bench-kernel."""
 
 COMMANDS = {}  # name -> (function, add_arguments, one-line help, how long it takes)
 
@@ -343,6 +344,14 @@ def bench_sharing(args) -> dict:
         if above:
             print(above_the_paper)
     return result
+
+
+# the server's benchmark lives beside the server (it starts one and loads it over HTTP)
+from minipaged.serve import bench as serve_bench  # noqa: E402
+
+command("serve", help="the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency "
+        "percentiles, continuous vs static batching, and the in-process engine on the same requests",
+        takes="about 6 min", add_arguments=serve_bench.add_arguments)(serve_bench.bench_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

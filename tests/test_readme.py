@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from minipaged import bench, chat
+from minipaged.serve import cli as serve_cli
 from minipaged.backend import cuda_available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,8 @@ def test_every_quoted_command_names_real_things(document, command):
             assert all((ROOT / w).exists() for w in words if w.startswith("tests/")), command
         else:
             module, args = words[words.index("-m") + 1], words[words.index("-m") + 2:]
-            parse = {"minipaged.chat": chat.parse_args, "minipaged.bench": bench.build_parser().parse_args}
+            parse = {"minipaged.chat": chat.parse_args, "minipaged.bench": bench.build_parser().parse_args,
+                     "minipaged.serve": serve_cli.build_parser().parse_args}
             assert module in parse, f"{document} quotes {command!r}: no such command"
             try:
                 parse[module](args)
@@ -77,7 +79,7 @@ def run(*args, timeout=120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
-@pytest.mark.parametrize("command", [["minipaged.chat"], ["minipaged.bench"],
+@pytest.mark.parametrize("command", [["minipaged.chat"], ["minipaged.bench"], ["minipaged.serve"],
                                      *[["minipaged.bench", name] for name in bench.COMMANDS]])
 def test_help_is_written_for_users(command):
     result = run(*command, "--help")

@@ -18,7 +18,8 @@ import pytest
 
 from checkpoints import WORDS, write_checkpoint
 from minipaged import LLM, SamplingParams
-from minipaged.serve import Server, ServerConfig, ServerThread
+from minipaged.serve.api import Server, ServerConfig
+from minipaged.serve.cli import ServerThread
 
 VOCAB = WORDS[5:]  # plain words (no special tokens)
 

@@ -18,7 +18,8 @@ import pytest
 
 from checkpoints import WORDS, write_checkpoint
 from minipaged import LLM
-from minipaged.serve import Server, ServerConfig, ServerThread
+from minipaged.serve.api import Server, ServerConfig
+from minipaged.serve.cli import ServerThread
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -5,9 +5,7 @@ over the network: api.py (FastAPI: read, check, tokenize) -> loop.py (the one th
 the engine) -> the engine's steps -> back through the request's asyncio queue as JSON or
 server-sent events. metrics.py (Prometheus, vLLM's names) and dashboard.py (snapshots of the
 frames, page tables and queues, shown live by dashboard.html) watch the engine loop.
+
+In Python: `Server(engine, tokenizer, ServerConfig(model_name=...))` (minipaged.serve.api), and
+`with ServerThread(server) as url:` (minipaged.serve.cli) serves it from a thread of your process.
 """
-
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
-
-__all__ = ["Server", "ServerConfig", "ServerThread"]
