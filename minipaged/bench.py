@@ -354,6 +354,18 @@ command("serve", help="the OpenAI server under Poisson arrivals: tokens/s, TTFT,
         takes="about 6 min", add_arguments=serve_bench.add_arguments)(serve_bench.bench_serve)
 
 
+# the paper's measurements (issue 13) live in their own module
+from minipaged import bench_paper  # noqa: E402
+
+command("fragmentation", help="the paper's Figure 2: KV slots holding tokens, reserved, internal and external "
+        "fragmentation, Orca's contiguous allocators vs paging (simulated, real scheduler)",
+        takes="about 15 s", add_arguments=bench_paper.fragmentation_arguments)(bench_paper.bench_fragmentation)
+command("chunked", help="decode time per output token (p50/p99) while long prompts arrive, with and "
+        "without chunked prefill", takes="about 2 min",
+        add_arguments=lambda p: (_model_arguments(p), bench_paper.chunked_arguments(p)))(
+            lambda args: bench_paper.bench_chunked(args, _load))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per registered benchmark, each with --json."""
     parser = argparse.ArgumentParser(prog="python -m minipaged.bench", description=DESCRIPTION,

@@ -21,8 +21,8 @@ from minipaged import beam
 from minipaged.backend import default_dtype, resolve_device
 from minipaged.model import Model
 from minipaged.outputs import CompletionOutput, RequestOutput, StepReport, rejected
-from minipaged.paging import (RESERVATIONS, SWAP_SPACE, BlockManager, ContiguousBlockManager, KVCache,
-                              StaticBlockManager, bytes_per_frame, check_size, default_kv_memory)
+from minipaged.paging import (ALLOCATORS, SWAP_SPACE, KVCache, bytes_per_frame, check_size, default_kv_memory,
+                              make_block_manager)
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
 from minipaged.scheduler import POLICIES, Batch, Request, Scheduler, SchedulerConfig, Sequence, Status
@@ -76,11 +76,13 @@ class LLMEngine:
         frame_bytes = bytes_per_frame(c.num_layers, c.num_kv_heads, c.head_dim, config.block_size, model.dtype)
         num_blocks = config.num_blocks or default_kv_memory(model.device, config.kv_cache_memory) // frame_bytes
         host_frames = config.swap_space or min(num_blocks, SWAP_SPACE // frame_bytes)
-        self.blocks = make_block_manager(config, num_blocks, host_frames, c.max_position_embeddings)
+        max_model_len = min(config.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
+        self.blocks = make_block_manager(config.allocator, config.scheduler, num_blocks, config.block_size,
+                                         min(max_model_len, num_blocks * config.block_size), host_frames,
+                                         config.enable_prefix_caching)
         if self.blocks.num_frames < 1:
             raise ValueError("the KV cache holds no frame: give more kv_cache_memory or num_blocks")
-        self.max_model_len = min(config.max_model_len or c.max_position_embeddings, c.max_position_embeddings,
-                                 self.blocks.num_frames * self.blocks.block_size)
+        self.max_model_len = min(max_model_len, self.blocks.num_frames * self.blocks.block_size)
         self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,
                           self.blocks.block_size, host_frames, model.dtype, model.device)
         chunked = config.enable_chunked_prefill
@@ -318,20 +320,6 @@ class LLMEngine:
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
                              finished=request.status is Status.FINISHED,
                              num_cached_tokens=request.num_cached_tokens)
-
-
-ALLOCATORS = ("paged",) + tuple(f"contiguous-{r}" for r in RESERVATIONS)
-
-
-def make_block_manager(config: EngineConfig, num_blocks: int, host_frames: int, max_positions: int):
-    """Paged memory; or Orca's contiguous chunks (first fit); or for static batching the
-    baseline before both: one region of max_model_len slots per sequence (StaticBlockManager)."""
-    max_model_len = min(config.max_model_len or max_positions, max_positions, num_blocks * config.block_size)
-    if config.allocator != "paged":
-        return ContiguousBlockManager(num_blocks, config.block_size, config.allocator.split("-")[1], max_model_len)
-    if config.scheduler == "static":
-        return StaticBlockManager(num_blocks * config.block_size, config.max_model_len or max_positions)
-    return BlockManager(num_blocks, config.block_size, host_frames, config.enable_prefix_caching)
 
 
 def held_back(text: str, stops: list[str]) -> int:

@@ -5,6 +5,7 @@ arrays of BlockManager.step_arrays and the KVCache arrays, never these objects.
 
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
 from minipaged.paging.block_table import BlockTable, CowPair
+from minipaged.paging.choice import ALLOCATORS, make_block_manager
 from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
 from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory, num_blocks_for_memory
 from minipaged.paging.manager import BlockManager, MemoryMoves, MemoryUsage, StepArrays
@@ -15,5 +16,5 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
     "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
     "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
-    "ContiguousBlockManager",
+    "ContiguousBlockManager", "ALLOCATORS", "make_block_manager",
 ]

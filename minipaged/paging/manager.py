@@ -290,6 +290,8 @@ class BlockManager:
         each table whose last frame is full, and a copy for each writer of a shared partial last
         frame, except the last writer when no table outside the group maps it (it then owns the
         frame alone and writes in place)."""
+        if len(tables) == 1:  # the common case, without the Counter
+            return int(not tables[0].last_frame_has_room or tables[0].last_frame_shared())
         new = sum(not t.last_frame_has_room for t in tables)
         writers = Counter((t.allocator, t.frames[-1]) for t in tables if t.last_frame_has_room)
         copies = sum(n - (pool.ref_count(frame) == n) for (pool, frame), n in writers.items())
