@@ -19,6 +19,11 @@ import numpy as np
 DEVICES = ("cpu", "cuda")
 
 
+def cdiv(a: int, b: int) -> int:
+    """a / b rounded up: how many blocks of size b hold a items (written -(-a // b) elsewhere)."""
+    return -(-a // b)
+
+
 def cuda_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     try:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from html import escape, unescape
 from typing import TYPE_CHECKING
 
+from minipaged.backend import cdiv
+
 if TYPE_CHECKING:
     from minipaged.paging import BlockManager
 
@@ -120,7 +122,7 @@ class FrameMap:
     def _repr_html_(self) -> str:
         body = [_svg_cell((i % self.per_row) * CELL, (i // self.per_row) * CELL, *cell)
                 for i, cell in enumerate(self.cells())]
-        rows = -(-len(body) // self.per_row)
+        rows = cdiv(len(body), self.per_row)
         svg = _svg(min(len(body), self.per_row) * CELL, rows * CELL, body)
         legend = escape(_legend(self.manager, _styles(self.manager))).replace("\n", "<br>")
         return f"<div><b>{escape(self.title())}</b><br>{svg}<br><small>{legend}</small></div>"
@@ -163,7 +165,7 @@ class PageTableView:
         frames = self._frames_drawn()
         left = 4 * CELL                       # room for the row names
         x_of = {frame: left + i * CELL for i, frame in enumerate(frames)}
-        above = -(-len(self.seq_ids) // 2)
+        above = cdiv(len(self.seq_ids), 2)
         row = 2 * CELL                        # a sequence row and the gap for its arrows
         frame_y = above * row + CELL
         lines, boxes = [], [_svg_label(frame_y, "frames")]

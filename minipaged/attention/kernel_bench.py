@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from ..backend import cdiv
 from . import kernels
 
 BLOCK_SIZE = 16
@@ -122,7 +123,7 @@ def bench_shape(shape: Shape, versions, repeats: int, device: dict) -> list[dict
     """Rows for one shape: the two dense baselines, then each version (frames in random order)."""
     import cupy as xp
     s, itemsize = shape, np.dtype(shape.dtype).itemsize
-    pages = -(-s.context_len // BLOCK_SIZE)
+    pages = cdiv(s.context_len, BLOCK_SIZE)
     kv_bytes = 2 * s.num_seqs * s.context_len * s.num_kv_heads * s.head_dim * itemsize
     copies = math.ceil(4 * device["l2_bytes"] / kv_bytes)      # rotate to stay out of the L2
 

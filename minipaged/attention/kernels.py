@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..backend import cdiv
+
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 SOURCES = {"paged_attention": CUDA_DIR / "paged_attention.cu",    # the attention kernels
            "cache_ops": CUDA_DIR / "cache_ops.cu"}                # write_kv, copy_blocks
@@ -168,7 +170,7 @@ class Launcher:
         elif version == 5:                          # a block per (KV head, sequence)
             self.launch(name, (num_kv_heads, num_seqs), (NUM_THREADS,), (out, *inputs))
         else:                                       # v6: a block per partition, then the merge
-            num_partitions = -(-max_context // partition_size)
+            num_partitions = cdiv(max_context, partition_size)
             part_out = xp.empty((num_seqs, num_partitions, num_heads, head_dim), xp.float32)
             part_lse = xp.empty((num_seqs, num_partitions, num_heads), xp.float32)
             self.launch(name, (num_kv_heads, num_seqs, num_partitions), (NUM_THREADS,),
@@ -192,7 +194,7 @@ class Launcher:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
         block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
         query_start_loc = _i32(xp, query_start_loc)
-        grid = (-(-max_query_len * q_per_kv // PREFILL_ROWS), num_kv_heads, num_seqs)
+        grid = (cdiv(max_query_len * q_per_kv, PREFILL_ROWS), num_kv_heads, num_seqs)
         self.launch(f"paged_prefill<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>", grid,
                     (NUM_THREADS,),
                     (out, xp.ascontiguousarray(q), k_cache, v_cache, block_tables, context_lens,

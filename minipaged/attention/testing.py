@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_numpy
+from ..backend import cdiv, to_numpy
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ def random_batch(rng: np.random.Generator, context_lens, query_lens=None, *, num
     kv_shape = (num_kv_heads, head_dim)
     keys = [rng.standard_normal((n, *kv_shape)).astype(dtype) for n in context_lens]
     values = [rng.standard_normal((n, *kv_shape)).astype(dtype) for n in context_lens]
-    pages = [-(-n // block_size) for n in context_lens]
+    pages = [cdiv(n, block_size) for n in context_lens]
     shared = min(context_lens[:2]) // block_size if share_prefix and len(context_lens) > 1 else 0
     if shared:                                                  # sequence 1's shared prefix
         for kv in (keys, values):

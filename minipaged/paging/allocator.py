@@ -11,6 +11,7 @@ from collections import deque
 
 import numpy as np
 
+from minipaged.backend import cdiv  # noqa: F401 (paging's users import it from here too)
 from minipaged.paging.prefix_cache import PrefixCache
 
 DEFAULT_BLOCK_SIZE = 16
@@ -19,11 +20,6 @@ DEFAULT_BLOCK_SIZE = 16
 class NoFreeFramesError(RuntimeError):
     """The pool has too few free frames. Nothing was changed: the scheduler should wait,
     preempt a sequence (swap out or recompute) and retry."""
-
-
-def cdiv(a: int, b: int) -> int:
-    """a / b rounded up: how many blocks of size b hold a tokens."""
-    return -(-a // b)
 
 
 def check_size(name: str, value: int, minimum: int = 1) -> int:
