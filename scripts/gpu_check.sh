@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one command, for a machine with a CUDA GPU and CuPy (under 5 minutes):
+# Every GPU check in one command, for a machine with a CUDA GPU and CuPy (under 10 minutes):
 # the GPU tests (tests/test_*gpu*.py: kernels vs the NumPy reference, the model on CuPy vs NumPy),
 # then the kernel benchmark, with a description of the device. Results go to $OUT, by default
 # bench/results/<date>-<gpu>/, to be committed:
@@ -8,6 +8,7 @@
 #     kernel.json      python -m minipaged.bench kernel --json (one row per shape and version)
 #     kernel.txt       the same as a table
 #     throughput.json  python -m minipaged.bench throughput on CuPy (continuous vs static)
+#     serve.json       python -m minipaged.bench serve on CuPy (the server under load, continuous vs static)
 # Run from anywhere:  PYTHONPATH=. bash scripts/gpu_check.sh   (PYTHON=... picks the interpreter)
 # Exit status: non-zero if a test or the benchmark failed.
 set -uo pipefail
@@ -40,5 +41,10 @@ echo "== throughput: continuous vs static batching on CuPy (random weights, Smol
         --device cuda --requests 64 --json > "$OUT/throughput.json"
 throughput=$?
 
-echo "results in $OUT (tests exit $tests, kernel benchmark exit $bench, throughput exit $throughput)"
-[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$throughput" -eq 0 ]
+echo "== serve: the OpenAI server under Poisson load on CuPy, continuous vs static, and the engine in-process"
+timeout 240 "$PYTHON" -m minipaged.bench serve --model "${TMPDIR:-/tmp}/smol-random" --device cuda \
+    --requests 64 --request-rate 32 --json > "$OUT/serve.json"
+serve=$?
+
+echo "results in $OUT (tests exit $tests, kernel benchmark exit $bench, throughput exit $throughput, serve exit $serve)"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$throughput" -eq 0 ] && [ "$serve" -eq 0 ]

@@ -91,11 +91,13 @@ class Server:
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._body(request, protocol.ChatCompletionRequest)
+        conversation = body.conversation()
         try:
-            ids = self.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt)
+            ids = self.tokenizer.encode_chat(conversation, body.add_generation_prompt)
         except ValueError as error:  # no chat template, or a message the template refuses
             raise APIError(400, str(error), "messages") from None
-        return await self._generate(request, body, [self._prompt(ids, "messages")], chat=True)
+        prompt = self._prompt(ids, "messages") | {"prompt": conversation[-1]["content"]}  # for --dashboard-show-text
+        return await self._generate(request, body, [prompt], chat=True)
 
     async def snapshot(self) -> JSONResponse:
         return JSONResponse(self.dashboard.latest or {})
@@ -125,14 +127,15 @@ class Server:
     async def _body(self, request: Request, model):
         """The body as a checked request: size, JSON, fields, model name."""
         self._authorize(request)
-        limit = self.config.max_body_bytes
-        if int(request.headers.get("content-length") or 0) > limit:
-            raise APIError(413, f"the request body is larger than this server's limit of {limit} bytes")
-        raw = b""
-        async for chunk in request.stream():
+        limit, length = self.config.max_body_bytes, request.headers.get("content-length", "")
+        too_large = APIError(413, f"the request body is larger than this server's limit of {limit} bytes")
+        if length.isdigit() and int(length) > limit:
+            raise too_large
+        raw = bytearray()
+        async for chunk in request.stream():  # a body without Content-Length is counted as it comes
             raw += chunk
             if len(raw) > limit:
-                raise APIError(413, f"the request body is larger than this server's limit of {limit} bytes")
+                raise too_large
         try:
             parsed = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
