@@ -97,6 +97,9 @@ def test_openai_client_completions_and_chat_match_generate(tiny_llm):
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected_chat
         assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens and not chunks[-1].choices
+        chat = client.chat.completions.create(model="tiny", messages=conversation, max_completion_tokens=3,
+                                              extra_body={"ignore_eos": True})
+        assert chat.usage.completion_tokens == 3 and chat.choices[0].finish_reason == "length"
         # n=2 with a seed: the same two samples as generate's, and the same again
         for _ in range(2):
             out = client.completions.create(model="tiny", prompt=prompts[0], n=2, seed=7, temperature=1.0,
@@ -288,6 +291,9 @@ def test_dashboard_snapshot_shows_frames_shared_between_requests(tiny_llm):
             assert seq["blocks"] == engine.blocks.block_table(engine.requests[request["id"]].seqs[seq["index"]].seq_id)
             assert all(i in snap["frames"][f][1:] for f in seq["blocks"])
         assert "prompt" not in request and "text" not in request["seqs"][0]  # a room shares one screen
+    shown = Dashboard("tiny", show_text=True).snapshot(engine, time.perf_counter())["requests"][1]
+    assert shown["prompt"] == preamble + "two three"  # --dashboard-show-text: prompts and answers
+    assert [seq["text"] for seq in shown["seqs"]] == [seq.text[:seq.released] for seq in engine.requests["b"].seqs]
     while engine.has_unfinished_requests():
         engine.step()
     snap = dashboard.snapshot(engine, time.perf_counter())
