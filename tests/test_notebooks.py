@@ -62,6 +62,7 @@ def execute(nb, kernel_name: str, cwd: Path) -> None:
                    resources={"metadata": {"path": str(cwd)}}).execute()
 
 
+@pytest.mark.slow   # runs each notebook, most of them with the real SmolLM2
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_and_its_solutions_run_without_a_warning(path, kernel_name):
     nb = read(path)
