@@ -181,5 +181,7 @@ def test_hub_id_resolves_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never the network
     assert resolve_model("acme/tiny-llama") == snapshot
-    with pytest.raises(RuntimeError, match="could not get 'acme/not-here' from the Hugging Face hub"):
+    with pytest.raises(FileNotFoundError, match="model 'acme/not-here' is not a local folder, and the "
+                                                "Hugging Face hub cannot be reached") as caught:
         resolve_model("acme/not-here")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # one message, no chain
