@@ -10,14 +10,24 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/checkpoints.py
 from minipaged.backend import cuda_available  # noqa: E402
 
 
+# Tests that drive the whole program from outside, as a user would: a subprocess or a terminal,
+# a server and its clients, a browser, a notebook kernel, the documents' own commands, the whole
+# engine under every option at once. `pytest -m integration` runs them; `-m "not integration"`
+# is the unit tests of one part each.
+INTEGRATION = {"test_chat", "test_serve", "test_serve_dashboard", "test_notebooks", "test_readme",
+               "test_real_model", "test_engine_fuzz", "test_chunked_prefill", "test_docs"}
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the real model (the smollm2 fixture) is `slow`, marked or not;
-    without a GPU, `gpu` tests are skipped."""
+    the files in INTEGRATION are `integration`; without a GPU, `gpu` tests are skipped."""
     skip = pytest.mark.skip(reason="needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)")
     no_gpu = not cuda_available()
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if item.module.__name__.rsplit(".", 1)[-1] in INTEGRATION:
+            item.add_marker(pytest.mark.integration)
         if "gpu" in item.keywords and no_gpu:
             item.add_marker(skip)
 
