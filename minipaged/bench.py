@@ -1,4 +1,4 @@
-"""`python -m minipaged.bench {decode,memory,kernel,throughput,sharing,serve} [--json]`.
+"""`python -m minipaged.bench {decode,memory,kernel,throughput,sharing,serve,fragmentation,chunked,latency,calibrate} [--json]`.
 
 Each benchmark is a function `bench_<name>(args) -> dict` registered with @command; it prints
 a human summary itself (unless args.json) and returns the dict that --json prints. Progress
@@ -364,6 +364,16 @@ command("chunked", help="decode time per output token (p50/p99) while long promp
         "without chunked prefill", takes="about 2 min",
         add_arguments=lambda p: (_model_arguments(p), bench_paper.chunked_arguments(p)))(
             lambda args: bench_paper.bench_chunked(args, _load))
+
+from minipaged import bench_latency  # noqa: E402
+
+command("latency", help="the paper's Figure 12 on the real engine: normalized latency against Poisson request "
+        "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: the simulator beside it)",
+        takes="about 4 min", add_arguments=lambda p: (_model_arguments(p), bench_latency.latency_arguments(p)))(
+            lambda args: bench_latency.bench_latency(args, _load))
+command("calibrate", help="fit the simulator's cpu-smollm2 step-time model to timed engine steps",
+        takes="about 1 min", add_arguments=lambda p: (_model_arguments(p), bench_latency.calibrate_arguments(p)))(
+            lambda args: bench_latency.bench_calibrate(args, _load))
 
 
 def build_parser() -> argparse.ArgumentParser:

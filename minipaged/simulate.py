@@ -7,7 +7,7 @@ length. So the paper's experiments run at its scale: a Poisson trace of thousand
 against OPT-13B's KV budget on an A100, or a million requests to see what a simulated one costs.
 
 Profiles (step time = fixed + per_token x new tokens + per_context x tokens attended):
-- `cpu-smollm2`: meant to be fitted to measured minipaged steps on a 2-core CPU; not calibrated yet.
+- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench calibrate`).
 - `opt-13b-a100`: a roofline *model*, not a measurement: each step reads OPT-13B's 26 GB of fp16
   weights and the KV bytes of every context token (800 KB each) at A100-40GB bandwidth (1.555
   TB/s), and the KV cache holds what the paper left for it (about 12 GB: 15,000 tokens); a
@@ -65,9 +65,9 @@ def _opt13b_a100() -> Profile:
 
 
 PROFILES = {
-    # NOT YET CALIBRATED (issue 13 left this open): order-of-magnitude guesses for SmolLM2-135M
-    # fp32 on a 2-core CPU, to be replaced by a least-squares fit of measured engine steps
-    "cpu-smollm2": Profile("cpu-smollm2", fixed=0.030, per_token=0.0025, per_context=2.0e-6,
+    # fitted by `python -m minipaged.bench calibrate` (84 timed steps of SmolLM2-135M, fp32, NumPy,
+    # on the shared 2-core CPU of 2026-11-30; relative error of a step p50 8%, p90 22%)
+    "cpu-smollm2": Profile("cpu-smollm2", fixed=0.01979, per_token=0.002332, per_context=2.8419e-5,
                            kv_slots=4096, max_model_len=2048, max_num_seqs=64),
     "opt-13b-a100": _opt13b_a100(),
 }
