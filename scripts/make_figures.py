@@ -210,6 +210,26 @@ def serving(llm: LLM) -> tuple[LineChart, FrameMap]:
     return chart, FrameMap(peak[0])
 
 
+LATENCY_RESULTS = FIGURES.parent.parent / "bench" / "results" / "2026-11-30-cpu-2core-numpy-latency" / "latency.json"
+
+
+def paper_figures() -> dict:
+    """Note 7: Figure 2 through the real scheduler (simulated), Figure 12's shape on the
+    opt-13b-a100 model, and the measured latency curves of `bench latency` (from its committed JSON)."""
+    import json
+
+    from minipaged import simulate as sim
+    from minipaged.bench_latency import latency_chart
+    from minipaged.bench_paper import fragmentation_chart
+    specs, rates = sim.trace_specs("alpaca", 300), [5, 10, 20, 30, 40, 50]
+    curves = {s: [sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency for r in rates]
+              for s in ("paged", "contiguous-oracle", "contiguous-max", "static")}
+    return {"paper_fragmentation.svg": fragmentation_chart(sim.fragmentation(num_requests=300)),
+            "paper_figure12.svg": LineChart("normalized latency, opt-13b-a100 model, Alpaca-like (simulated)",
+                                            rates, curves, x_label="req/s", y_label="s/token", digits=3),
+            "paper_latency_cpu.svg": latency_chart(json.loads(LATENCY_RESULTS.read_text()))}
+
+
 def figures() -> dict:
     """File name -> picture, every figure of docs/."""
     requests = make_workload(1000)
@@ -228,7 +248,8 @@ def figures() -> dict:
             "sharing_savings.svg": sharing_savings(),
             **timelines(llm),
             "serving_frames.svg": serving_frames,
-            "serving_frame_map.svg": serving_map}
+            "serving_frame_map.svg": serving_map,
+            **paper_figures()}
 
 
 def write_figures(out: Path = FIGURES) -> dict:

@@ -185,3 +185,21 @@ def test_figures_are_drawn_for_a_projector():
         sizes = [float(t.get("font-size")) for t in root.iter("{http://www.w3.org/2000/svg}text")]
         assert min(sizes) >= 14, f"{path.name} has {min(sizes)} px text"
         assert float(root.get("width")) >= 600 and root.get("viewBox"), path.name
+
+
+def test_paper_note_quotes_the_figures_and_the_measurement(regenerated):
+    """Note 7: the token-state shares are the fragmentation figure's, the measured latencies the
+    committed bench latency JSON's (the one its figure draws)."""
+    import json
+    _, pictures = regenerated
+    note = prose("07_paper.md")
+    chart = pictures["paper_fragmentation.svg"]
+    for label, share in zip(chart.labels, chart.segments["token states"]):
+        assert f"| {label} | {share:.1f}% |" in note
+    measured = json.loads((ROOT / "bench/results/2026-11-30-cpu-2core-numpy-latency/latency.json").read_text())
+    paged, static = measured["systems"]["paged"], measured["systems"]["static"]
+    assert (f"from {paged[0]['normalized_latency']:.3f} s/token at {paged[0]['rate']:g} req/s to "
+            f"{paged[-1]['normalized_latency']:.3f} at {paged[-1]['rate']:g} req/s") in note
+    assert f"static is {static[-1]['normalized_latency'] / paged[-1]['normalized_latency']:.2f}x" in note
+    errors = [abs(p["relative_error"]) for name in ("paged", "contiguous-oracle") for p in measured["systems"][name]]
+    assert f"within {100 * max(errors):.0f}% at every rate" in note
