@@ -223,14 +223,20 @@ def latency_curve(profile: str, system: str, rates: list[float], num_requests: i
     return points
 
 
+MAX_RATE = 2.0**20  # req/s: beyond this every request of a trace arrives at once
+
+
 def max_sustainable_rate(profile: str, system: str, threshold: float, num_requests: int,
                          trace: str = "sharegpt", seed: int = 0, **options) -> float:
-    """The highest request rate (req/s, to 2%) whose normalized latency stays under `threshold`."""
+    """The highest request rate (req/s, to 2%) whose normalized latency stays under `threshold`;
+    MAX_RATE when even the whole trace arriving at once stays under it (too short to saturate)."""
     specs = trace_specs(trace, num_requests, seed=seed)
     ok = lambda rate: simulate(profile, system, poisson_trace(specs, rate, seed),
                                **options).normalized_latency <= threshold
     low, high = 0.0, 1.0
     while ok(high):
+        if high >= MAX_RATE:
+            return MAX_RATE
         low, high = high, high * 2
     while high - low > 0.02 * high:
         middle = (low + high) / 2

@@ -63,3 +63,8 @@ def test_json_of_one_timed_run(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["profile"] == "opt-13b-a100" and result["requests"] == 300 and result["seconds"] > 0
     assert result["paged"]["normalized_latency"] < result["static"]["normalized_latency"]
+
+
+def test_a_trace_too_short_to_saturate_sustains_the_highest_rate_instead_of_hanging():
+    from minipaged import simulate
+    assert simulate.max_sustainable_rate("opt-13b-a100", "paged", 1e9, 20, "alpaca") == simulate.MAX_RATE
