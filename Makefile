@@ -4,13 +4,14 @@
 #   make test              every test (a few minutes); make test-fast skips the real-model ones
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
-#                          bench-sharing, bench-serve, bench-kernel (GPU); ARGS="--json" or its options
+#                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
+#                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; ARGS="--json"
 # To type the commands of the README and docs yourself: make setup, then source .venv/bin/activate
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-BENCHMARKS := decode memory throughput sharing serve kernel
+BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate
 
 .PHONY: setup chat serve browser test test-fast notebook bench $(addprefix bench-,$(BENCHMARKS)) clean
 
