@@ -17,6 +17,7 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
+from minipaged.bench_paper import show
 from minipaged.paging.workload import make_workload
 from minipaged.simulate import PROFILES, Profile, poisson_trace, simulate
 from minipaged.viz import LineChart
@@ -69,12 +70,7 @@ def bench_latency(args, load, virtual=None) -> dict:
         result["systems"][name] = points
         del llm
     bar.close()
-    if not args.json:
-        print(latency_chart(result))
-        print(latency_table(result))
-    if args.svg:
-        with open(args.svg, "w") as f:
-            f.write(latency_chart(result).svg())
+    show(args, latency_chart(result), latency_table(result))
     return result
 
 

@@ -28,13 +28,18 @@ def fragmentation_arguments(parser) -> None:
 
 def bench_fragmentation(args) -> dict:
     result = fragmentation(args.requests, args.block_size)
+    show(args, fragmentation_chart(result), fragmentation_table(result))
+    return result
+
+
+def show(args, chart, table: str) -> None:
+    """A benchmark's picture and table on stdout (not with --json), and the picture as SVG (--svg)."""
     if not args.json:
-        print(fragmentation_chart(result))
-        print(fragmentation_table(result))
+        print(chart)
+        print(table)
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(fragmentation_chart(result).svg())
-    return result
+            f.write(chart.svg())
 
 
 def fragmentation_chart(result: dict) -> BarChart:
