@@ -86,7 +86,7 @@ def fit_blas_threads(samples: int = 5) -> int:
     waiting for it: decoding on a 2-core machine with one busy neighbour ran 5x slower with 2
     threads than with 1. On an idle machine all cores stay in use. The count never exceeds what
     BLAS started with (its default or OPENBLAS_NUM_THREADS). Called when a model is loaded
-    (weights.load_weights), by the chat before each answer and by the benchmarks before they
+    (`LLM()` on a CPU), by the chat before each answer and by the benchmarks before they
     measure; call it again when the machine's load changes.
     """
     from threadpoolctl import threadpool_limits

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from minipaged import beam
-from minipaged.backend import default_dtype, resolve_device
+from minipaged.backend import default_dtype, fit_blas_threads, resolve_device
 from minipaged.model import Model
 from minipaged.outputs import CompletionOutput, RequestOutput, StepReport, rejected
 from minipaged.paging import (ALLOCATORS, SWAP_SPACE, KVCache, bytes_per_frame, check_size, default_kv_memory,
@@ -363,6 +363,8 @@ class LLM:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_options), eos)
+        if self.device == "cpu":  # on a shared machine, BLAS threads that wait on each other are slow
+            fit_blas_threads(samples=3)
         self.load_seconds = time.perf_counter() - start
         self._ids = itertools.count()
         self.unclaimed: dict[str, RequestOutput] = {}  # finished outputs not yet collected

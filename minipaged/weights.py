@@ -13,8 +13,6 @@ from pathlib import Path
 import numpy as np
 from safetensors import deserialize
 
-from minipaged.backend import fit_blas_threads
-
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HUB_FILES = ["*.safetensors", "*.json", "*.jinja"]
 REQUIRED_FILES = ("config.json", "tokenizer.json")
@@ -98,12 +96,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def load_weights(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of all *.safetensors files in a model folder, by Hugging Face name.
-
-    Loading a model is also when its matrix products get their BLAS threads: one per core that
-    no other program keeps busy (backend.fit_blas_threads), so that an `LLM()` on a shared
-    machine does not decode several times slower than on an idle one."""
-    fit_blas_threads(samples=3)
+    """All tensors of all *.safetensors files in a model folder, by Hugging Face name."""
     tensors = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(read_safetensors(path))
