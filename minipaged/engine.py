@@ -134,7 +134,7 @@ class LLMEngine:
     def text_so_far(self, request_id: str) -> str:
         """The text its first sequence has released so far (beam search: none until the end)."""
         request = self.requests[request_id]
-        return "" if request.beam_search else request.seqs[0].text[:request.seqs[0].released]
+        return "" if request.beam_search else request.seqs[0].released_text
 
     def step(self) -> StepReport:
         """Schedule, move memory, run the model once, sample, and finish what is done."""

@@ -35,6 +35,11 @@ class Sequence:
     released: int = 0             # characters of `text` handed out (the rest may start a stop string)
 
     @property
+    def released_text(self) -> str:
+        """The text handed out so far (what follows may still turn out to be a stop string)."""
+        return self.text[:self.released]
+
+    @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.prompt_len:]
 

@@ -95,7 +95,7 @@ class Dashboard:
             seq_view = {"index": seq.index, "tokens": len(seq.token_ids), "finished": seq.finished,
                         "blocks": blocks.block_table(seq.seq_id) if on_device else None}
             if self.show_text:
-                seq_view["text"] = seq.text[:seq.released]
+                seq_view["text"] = seq.released_text
             seqs.append(seq_view)
         view = {"id": request.request_id, "status": status, "prompt_tokens": len(request.prompt_token_ids),
                 "output_tokens": sum(len(seq.output_ids) for seq in request.seqs), "seqs": seqs}

@@ -119,7 +119,7 @@ class EngineLoop:
             stream.first_token = stream.first_token or now  # a request's first step samples a token
             request = self.engine.requests.get(request_id)
             if request is not None and not request.beam_search:
-                texts = {seq.index: seq.text[:seq.released] for seq in request.seqs}
+                texts = {seq.index: seq.released_text for seq in request.seqs}
                 self._send_text(request_id, texts)
         for output in report.finished:
             self._finish(output)
