@@ -27,8 +27,8 @@ SYSTEMS = {"paged": {}, "contiguous-oracle": {"allocator": "contiguous-oracle"},
 
 
 def latency_arguments(parser) -> None:
-    parser.add_argument("--requests", type=int, default=12, help="requests per run (default %(default)s)")
-    parser.add_argument("--rates", type=float, nargs="+", default=[1, 2, 4, 8],
+    parser.add_argument("--requests", type=int, default=32, help="requests per run (default %(default)s)")
+    parser.add_argument("--rates", type=float, nargs="+", default=[1, 2, 3, 4, 6],
                         help="request rates, req/s, Poisson (default %(default)s)")
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     parser.add_argument("--prompt-mean", type=float, default=32, help="mean prompt tokens (default %(default)s)")
@@ -38,7 +38,8 @@ def latency_arguments(parser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=16, help="(default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--predict", action="store_true",
-                        help="also the simulator's prediction (profile cpu-smollm2) and its relative error")
+                        help="also the simulator's prediction (profile cpu-smollm2, fitted to the steps "
+                        "timed at the other rates) and its relative error")
     parser.add_argument("--svg", default=None, help="also write the latency curves to this SVG file")
 
 
@@ -53,6 +54,7 @@ def bench_latency(args, load, virtual=None) -> dict:
     specs = make_workload(args.requests, min_len=4, max_len=args.max_model_len // 2,
                           prompt_mean=args.prompt_mean, output_mean=args.output_mean, seed=args.seed)
     result = {"requests": args.requests, "kv_tokens": args.kv_tokens, "systems": {}}
+    timed: dict[float, list] = {rate: [] for rate in args.rates}  # rate -> (tokens, context, seconds) of each step
     bar = tqdm(total=len(args.systems) * len(args.rates), desc="latency", unit="run")
     for name in args.systems:
         llm = load(args, **engine_options(args), **SYSTEMS[name])[0]
@@ -62,16 +64,38 @@ def bench_latency(args, load, virtual=None) -> dict:
         for rate in args.rates:
             bar.set_postfix_str(f"{name} at {rate:g}/s")
             arrivals = [a.time for a in poisson_trace(specs, rate, args.seed)]
-            done = serve_trace(llm.engine, arrivals, prompts, [s.output_len for s in specs], virtual)
+            done = serve_trace(llm.engine, arrivals, prompts, [s.output_len for s in specs], virtual, timed[rate])
             points.append({"rate": rate, **latency_stats(done)})
-            if args.predict:
-                points[-1] |= prediction(args, name, specs, rate, points[-1]["normalized_latency"])
             bar.update()
         result["systems"][name] = points
         del llm
     bar.close()
+    if args.predict:
+        result["profile"] = predict(args, specs, result["systems"], timed, virtual)
+    if {"paged", "static"} <= set(result["systems"]):
+        result["at_knee"] = at_knee(result["systems"])
     show(args, latency_chart(result), latency_table(result))
     return result
+
+
+def predict(args, specs, systems: dict, timed: dict, virtual: Profile | None) -> dict:
+    """The simulator's normalized latency beside every measured point. Its cpu-smollm2 step
+    times are fitted to the steps this run timed, at the *other* rates (all systems): a point's
+    own steps never enter the fit that predicts it, so the check is of the scheduling and
+    queueing the simulator reproduces, on this machine as loaded now. Returns the fit on all steps."""
+    def fitted(rows) -> Profile:
+        return simulator_profile(args, virtual or fit_profile(rows))
+
+    every = [row for rows in timed.values() for row in rows]
+    for name, points in systems.items():
+        for p in points:
+            others = [row for rate, rows in timed.items() if rate != p["rate"] for row in rows] or every
+            predicted = simulate(fitted(others), name, poisson_trace(specs, p["rate"], args.seed)).normalized_latency
+            p |= {"predicted": predicted, "relative_error": predicted / p["normalized_latency"] - 1}
+    profile = fitted(every)
+    return {"fixed": profile.fixed, "per_token": profile.per_token, "per_context": profile.per_context,
+            "steps": len(every), "fit_error_p50": fit_error(profile, every, 50),
+            "fit_error_p90": fit_error(profile, every, 90)}
 
 
 def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:
@@ -79,10 +103,12 @@ def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:
     return [rng.integers(min(100, vocab // 4), min(10_000, vocab), s.prompt_len).tolist() for s in specs]
 
 
-def serve_trace(engine, arrivals, prompts, max_tokens, virtual: Profile | None = None) -> list[tuple[int, float]]:
+def serve_trace(engine, arrivals, prompts, max_tokens, virtual: Profile | None = None,
+                timed: list | None = None) -> list[tuple[int, float]]:
     """Each request added at its arrival time (seconds from the start); the engine steps while
     work exists. Returns (output tokens, end-to-end seconds) per request. With `virtual`, the
-    clock moves by the profile's time for each step instead of the time it took."""
+    clock moves by the profile's time for each step instead of the time it took. `timed`, if
+    given, receives (tokens computed, tokens attended, seconds) of every step."""
     from minipaged.sampling import SamplingParams
     pending, clock, start, done = deque(range(len(arrivals))), 0.0, time.perf_counter(), {}
     computed: dict[tuple[str, int], int] = {}  # (request, sequence) -> tokens in its KV cache
@@ -99,8 +125,11 @@ def serve_trace(engine, arrivals, prompts, max_tokens, virtual: Profile | None =
                 time.sleep(max(0.0, arrivals[pending[0]] - now()))
             continue
         report = engine.step()
-        if virtual:
-            clock += virtual.step_time(*step_shape(report, computed))
+        shape = step_shape(report, computed)
+        seconds = virtual.step_time(*shape) if virtual else report.seconds
+        clock += seconds
+        if timed is not None:
+            timed.append((*shape, seconds))
         for output in report.finished:
             i = int(output.request_id.removeprefix("latency-"))
             done[i] = (len(output.outputs[0].token_ids), now() - arrivals[i])
@@ -133,15 +162,18 @@ def simulator_profile(args, base: Profile | None = None) -> Profile:
                                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
 
 
-def prediction(args, system: str, specs, rate: float, measured: float) -> dict:
-    result = simulate(simulator_profile(args), system, poisson_trace(specs, rate, args.seed))
-    return {"predicted": result.normalized_latency, "relative_error": result.normalized_latency / measured - 1}
-
-
 def knee(points: list[dict], factor: float = 2.0) -> float:
     """The highest rate whose normalized latency stays under `factor` x the lowest rate's."""
     base = points[0]["normalized_latency"]
     return max(p["rate"] for p in points if p["normalized_latency"] <= factor * base)
+
+
+def at_knee(systems: dict) -> dict:
+    """Static against paging at paging's knee: the issue's two ratios (each should be >= 3)."""
+    rate = knee(systems["paged"])
+    paged, static = (next(p for p in systems[s] if p["rate"] == rate) for s in ("paged", "static"))
+    return {"rate": rate, "normalized_latency_ratio": static["normalized_latency"] / paged["normalized_latency"],
+            "short_e2e_p50_ratio": static["short_e2e_p50"] / paged["short_e2e_p50"]}
 
 
 def latency_chart(result: dict) -> LineChart:
@@ -163,14 +195,19 @@ def latency_table(result: dict) -> str:
             lines.append(f"{name:<18} {p['rate']:>6g} {p['normalized_latency']:>8.3f} {p['short_e2e_p50']:>8.2f}s "
                          f"{p['short_e2e_p99']:>8.2f}s {sim}")
         lines.append(f"{'':<18} knee (under 2x its lowest rate's latency): {knee(points):g} req/s")
+    if "at_knee" in result:
+        k = result["at_knee"]
+        lines.append(f"at paging's knee ({k['rate']:g} req/s), static over paging: normalized latency "
+                     f"{k['normalized_latency_ratio']:.1f}x, shortest quarter's median e2e {k['short_e2e_p50_ratio']:.1f}x")
     return "\n".join(lines)
 
 
 CALIBRATION_SHAPES = [(1, 16), (1, 256), (4, 64), (4, 192), (8, 128), (16, 32), (16, 96)]  # (batch, prompt tokens)
+CALIBRATION_STEPS = 12  # tokens generated per request of each shape
 
 
 def calibrate_arguments(parser) -> None:
-    parser.add_argument("--decode-steps", type=int, default=12,
+    parser.add_argument("--decode-steps", type=int, default=CALIBRATION_STEPS,
                         help="tokens generated per request of each shape (default %(default)s)")
 
 
@@ -178,20 +215,9 @@ def bench_calibrate(args, load) -> dict:
     """Times real engine steps of a few batch shapes (a prefill of `batch` prompts, then their
     decode steps) and fits the simulator's step-time model to them by least squares on the
     relative error: seconds = fixed + per_token x tokens computed + per_context x tokens attended."""
-    from minipaged.sampling import SamplingParams
     llm = load(args, block_size=16, num_blocks=512, max_num_seqs=16, enable_prefix_caching=False)[0]
-    vocab = llm.model.config.vocab_size
-    serve_trace(llm.engine, [0.0], [[vocab // 2] * 8], [2])  # warm-up
-    rows = []   # (tokens, context, seconds)
-    for batch, prompt_len in tqdm(CALIBRATION_SHAPES, desc="calibrate", unit="shape"):
-        prompts = random_prompts(make_workload(batch, prompt_len, prompt_len, seed=batch), batch, vocab)
-        computed = {}
-        for i, prompt in enumerate(prompts):
-            llm.engine.add_request(f"calibrate-{i}", {"prompt_token_ids": prompt},
-                                   SamplingParams(temperature=0, max_tokens=args.decode_steps, ignore_eos=True))
-        while llm.engine.has_unfinished_requests():
-            report = llm.engine.step()
-            rows.append((*step_shape(report, computed), report.seconds))
+    serve_trace(llm.engine, [0.0], [[llm.model.config.vocab_size // 2] * 8], [2])  # warm-up
+    rows = time_steps(llm, args.decode_steps)
     profile = fit_profile(rows)
     result = {"fixed": profile.fixed, "per_token": profile.per_token, "per_context": profile.per_context,
               "steps": len(rows), "fit_error_p50": fit_error(profile, rows, 50), "fit_error_p90": fit_error(profile, rows, 90)}
@@ -200,6 +226,24 @@ def bench_calibrate(args, load) -> dict:
               f"+ {1e6 * profile.per_context:.3f} µs x tokens attended   ({len(rows)} steps; relative error "
               f"p50 {100 * result['fit_error_p50']:.0f}%, p90 {100 * result['fit_error_p90']:.0f}%)")
     return result
+
+
+def time_steps(llm, decode_steps: int) -> list[tuple[int, int, float]]:
+    """(tokens computed, tokens attended, seconds) of every step of each calibration shape (a
+    prompt longer than the engine's max_model_len allows is cut to fit)."""
+    from minipaged.sampling import SamplingParams
+    vocab, rows = llm.model.config.vocab_size, []
+    for batch, prompt_len in tqdm(CALIBRATION_SHAPES, desc="calibrate", unit="shape"):
+        prompt_len = min(prompt_len, llm.engine.max_model_len - decode_steps)
+        prompts = random_prompts(make_workload(batch, prompt_len, prompt_len, seed=batch), batch, vocab)
+        computed = {}
+        for i, prompt in enumerate(prompts):
+            llm.engine.add_request(f"calibrate-{i}", {"prompt_token_ids": prompt},
+                                   SamplingParams(temperature=0, max_tokens=decode_steps, ignore_eos=True))
+        while llm.engine.has_unfinished_requests():
+            report = llm.engine.step()
+            rows.append((*step_shape(report, computed), report.seconds))
+    return rows
 
 
 def fit_profile(rows) -> Profile:

@@ -6,23 +6,32 @@ that batch would take; sampled tokens are dummies, and a request ends at its tra
 length. So the paper's experiments run at its scale: a Poisson trace of thousands of requests
 against OPT-13B's KV budget on an A100, or a million requests to see what a simulated one costs.
 
-Profiles (step time = fixed + per_token x new tokens + per_context x tokens attended):
-- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench calibrate`).
-- `opt-13b-a100`: a roofline *model*, not a measurement: each step reads OPT-13B's 26 GB of fp16
-  weights and the KV bytes of every context token (800 KB each) at A100-40GB bandwidth (1.555
-  TB/s), and the KV cache holds what the paper left for it (about 12 GB: 15,000 tokens); a
-  swapped frame crosses PCIe at 25 GB/s plus 10 µs per copy.
+Profiles:
+- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench
+  calibrate`): step time = fixed + per_token x new tokens + per_context x tokens attended. A CPU
+  does one thing at a time, so the three costs add up.
+- `opt-13b-a100`: a roofline *model*, not a measurement. A step takes the longer of its memory
+  time and its compute time, as a GPU overlaps the two:
+  - memory: OPT-13B's 26 GB of fp16 weights, plus 800 KB of K and V per context token, read at
+    A100-40GB bandwidth (1.555 TB/s), plus a small cost per KV frame attended (20% of a 16-token
+    frame's read time: the paper measured its paged kernel 20-26% slower than FasterTransformer's
+    at block size 16, Figure 18a), so small blocks cost more;
+  - compute: 2 x 13e9 FLOPs per new token at half the fp16 tensor-core peak (156 TFLOP/s).
+  The KV cache holds what the paper left for it (about 12 GB: 15,000 tokens). A swapped frame
+  crosses PCIe at 25 GB/s, plus 2 µs for each of its 2 x 40 copies (K and V of every layer).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from minipaged.backend import cdiv
 from minipaged.paging import make_block_manager
 from minipaged.paging.workload import RequestSpec, make_workload
 from minipaged.sampling import SamplingParams
@@ -43,25 +52,34 @@ ALPACA_PROMPT_MEAN, ALPACA_OUTPUT_MEAN = 19.31, 58.45  # tokens; the vLLM paper'
 class Profile:
     """How long one step takes, and how much KV memory there is."""
     name: str
-    fixed: float          # seconds per step, whatever it holds
+    fixed: float          # seconds per step, whatever it holds (reading the weights, overheads)
     per_token: float      # seconds per token computed (weights x token: matmuls)
     per_context: float    # seconds per cached token attended (reading its K and V)
     kv_slots: int         # token slots in the KV cache
     max_model_len: int
     max_num_seqs: int = 256
-    per_swapped_frame: float = 0.0  # seconds per frame moved to or from host memory (swap)
+    per_frame: float = 0.0       # seconds per KV frame attended (one more block-table hop, a part-used read)
+    swap_per_frame: float = 0.0  # seconds of overhead per frame moved to or from host memory (its copies)
+    swap_per_slot: float = 0.0   # seconds per token slot moved to or from host memory (its bytes)
+    roofline: bool = False       # a step takes max(memory, compute) (a GPU overlaps them), else their sum
 
-    def step_time(self, num_tokens: int, context_tokens: int) -> float:
-        return self.fixed + self.per_token * num_tokens + self.per_context * context_tokens
+    def step_time(self, num_tokens: int, context_tokens: int, frames: int = 0) -> float:
+        memory = self.fixed + self.per_context * context_tokens + self.per_frame * frames
+        compute = self.per_token * num_tokens
+        return max(memory, compute) if self.roofline else memory + compute
+
+    def swap_time(self, frames: int, block_size: int) -> float:
+        return frames * (self.swap_per_frame + block_size * self.swap_per_slot)
 
 
 def _opt13b_a100() -> Profile:
     bandwidth, kv_token, weights = 1.555e12, 2 * 40 * 5120 * 2, 2 * 13e9  # B/s, bytes/token, bytes
     flops = 312e12 * 0.5  # fp16 tensor cores at half their peak: prefill tokens are compute-bound
-    pcie, copy_overhead = 25e9, 10e-6  # B/s host <-> device, and seconds per frame copied
+    pcie, copy_overhead = 25e9, 2e-6  # B/s host <-> device, and seconds per copy (2 x 40 per frame)
     return Profile("opt-13b-a100", fixed=weights / bandwidth, per_token=2 * 13e9 / flops,
                    per_context=kv_token / bandwidth, kv_slots=int(12e9) // kv_token, max_model_len=2048,
-                   per_swapped_frame=copy_overhead + 16 * kv_token / pcie)
+                   per_frame=0.2 * 16 * kv_token / bandwidth, swap_per_frame=2 * 40 * copy_overhead,
+                   swap_per_slot=kv_token / pcie, roofline=True)
 
 
 PROFILES = {
@@ -102,6 +120,8 @@ class Result:
                                                                "external"), 0.0))
     loaded_steps: int = 0   # steps with a request waiting (where the memory shares are measured)
     refusals: int = 0
+    preemptions: int = 0
+    swapped_frames: int = 0  # frames moved out and in
 
     @property
     def normalized_latency(self) -> float:
@@ -120,6 +140,7 @@ class Simulator:
                  max_num_batched_tokens: int = 0, preemption_mode: str = "recompute", measure_memory=False):
         allocator, policy = SYSTEMS[system]
         self.profile, self.measure_memory = profile, measure_memory
+        self.contiguous = allocator.startswith("contiguous")  # one region per sequence: no per-frame hops
         num_blocks = profile.kv_slots // block_size
         self.blocks = make_block_manager(allocator, policy, num_blocks, block_size, profile.max_model_len,
                                          host_frames=num_blocks)
@@ -163,10 +184,12 @@ class Simulator:
         batch = self.scheduler.schedule()
         if self.measure_memory:
             self._measure()
-        seconds = self.profile.step_time(batch.num_tokens + len(batch.padding), self._context(batch))
+        seconds = self.profile.step_time(batch.num_tokens + len(batch.padding), *self._context(batch))
         swapped = len(batch.moves.swap_out) + len(batch.moves.swap_in)  # frames of block_size slots
-        seconds += swapped * self.profile.per_swapped_frame * self.blocks.block_size / 16
+        seconds += self.profile.swap_time(swapped, self.blocks.block_size)
         self.result.steps += 1
+        self.result.preemptions += len(batch.preempted)
+        self.result.swapped_frames += swapped
         for scheduled in batch.scheduled:
             scheduled.seq.num_computed += scheduled.num_new_tokens
             request = scheduled.request
@@ -181,10 +204,12 @@ class Simulator:
                 self.result.output_lens.append(request.params.max_tokens)
         return seconds
 
-    @staticmethod
-    def _context(batch: Batch) -> int:
-        return (sum(s.seq.num_computed + s.num_new_tokens for s in batch.scheduled)
-                + sum(seq.num_computed for _, seq in batch.padding))
+    def _context(self, batch: Batch) -> tuple[int, int]:
+        """Tokens attended by the step's rows, and the KV frames they are read from."""
+        lengths = ([s.seq.num_computed + s.num_new_tokens for s in batch.scheduled]
+                   + [seq.num_computed for _, seq in batch.padding])
+        frames = len(lengths) if self.contiguous else sum(cdiv(n, self.blocks.block_size) for n in lengths)
+        return sum(lengths), frames
 
     def _measure(self) -> None:
         """Where the KV slots are, at a step where a request waits for memory."""
@@ -213,7 +238,7 @@ def fragmentation(num_requests: int = 1000, block_size: int = 16, seed: int = 0)
             for system in ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")}
 
 
-def latency_curve(profile: str, system: str, rates: list[float], num_requests: int, trace: str = "sharegpt",
+def latency_curve(profile: str | Profile, system: str, rates: list[float], num_requests: int, trace: str = "sharegpt",
                   seed: int = 0, **options) -> list[dict]:
     specs = trace_specs(trace, num_requests, seed=seed)
     points = []
@@ -226,7 +251,7 @@ def latency_curve(profile: str, system: str, rates: list[float], num_requests: i
 MAX_RATE = 2.0**20  # req/s: beyond this every request of a trace arrives at once
 
 
-def max_sustainable_rate(profile: str, system: str, threshold: float, num_requests: int,
+def max_sustainable_rate(profile: str | Profile, system: str, threshold: float, num_requests: int,
                          trace: str = "sharegpt", seed: int = 0, **options) -> float:
     """The highest request rate (req/s, to 2%) whose normalized latency stays under `threshold`;
     MAX_RATE when even the whole trace arriving at once stays under it (too short to saturate)."""
@@ -248,7 +273,7 @@ PAPER_RATE_RATIOS = {"vs_contiguous_oracle": (1.7, 2.7), "vs_contiguous_max": (2
 FIGURE_SYSTEMS = ("paged", "contiguous-oracle", "contiguous-pow2", "contiguous-max")
 
 
-def figure12(profile: str, trace: str, num_requests: int, rates: list[float], threshold: float = 0.0) -> dict:
+def figure12(profile: str | Profile, trace: str, num_requests: int, rates: list[float], threshold: float = 0.0) -> dict:
     """Normalized latency against rate for each system, the highest rate each sustains under
     `threshold` s/token (0: four times paging's at the lowest rate), and paging's ratios."""
     curves = {s: latency_curve(profile, s, rates, num_requests, trace) for s in FIGURE_SYSTEMS}
@@ -259,18 +284,28 @@ def figure12(profile: str, trace: str, num_requests: int, rates: list[float], th
     return {"trace": trace, "threshold": threshold, "curves": curves, "max_rate": best, "rate_ratio": ratio}
 
 
-def ablations(profile: str, trace: str, num_requests: int, rate: float) -> dict:
-    """The paper's Figures 18 and 19 from the same tool: paging's normalized latency by block
-    size, and preemption by recompute vs swap (swap pays PCIe time per frame moved)."""
+ABLATION_BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def ablations(profile: str | Profile, trace: str, num_requests: int, rate: float) -> dict:
+    """The paper's Figures 18b and 19b from the same tool: paging's normalized latency by block
+    size, with preemption by recompute (small blocks pay the per-frame attention cost, large ones
+    waste more of their last frame), and the same by swap (which pays PCIe time per slot and a
+    copy overhead per frame moved). Each run also counts its preemptions: at a rate paging
+    sustains there are none, and the two modes cannot differ."""
     specs = trace_specs(trace, num_requests)
-    run = lambda **o: simulate(profile, "paged", poisson_trace(specs, rate), **o).normalized_latency
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    return {"rate": rate, "block_size": {b: run(block_size=b) for b in sizes},
-            "preemption": {mode: {b: run(block_size=b, preemption_mode=mode) for b in sizes[2:]}
-                           for mode in ("recompute", "swap")}}
+
+    def run(**options) -> dict:
+        result = simulate(profile, "paged", poisson_trace(specs, rate), **options)
+        return {"normalized_latency": result.normalized_latency, "preemptions": result.preemptions,
+                "swapped_frames": result.swapped_frames}
+
+    recompute = {b: run(block_size=b, preemption_mode="recompute") for b in ABLATION_BLOCK_SIZES}
+    swap = {b: run(block_size=b, preemption_mode="swap") for b in ABLATION_BLOCK_SIZES}
+    return {"rate": rate, "block_size": recompute, "preemption": {"recompute": recompute, "swap": swap}}
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minipaged.simulate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="opt-13b-a100", choices=sorted(PROFILES))
@@ -284,25 +319,40 @@ def main(argv=None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(FIGURE_SYSTEMS), choices=sorted(SYSTEMS))
     parser.add_argument("--ablations", type=float, default=None, metavar="RATE",
                         help="instead: block size and recompute-vs-swap ablations at this rate")
+    parser.add_argument("--fixed-scale", type=float, default=1.0, metavar="F",
+                        help="multiply the profile's fixed time per step by F: slower steps, as a real "
+                        "system's are next to a roofline (docs/07_paper.md: how the rate ratios depend on it)")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.fixed_scale <= 0:
+        parser.error(f"--fixed-scale must be positive, got {args.fixed_scale:g}")
+    profile = PROFILES[args.profile]
+    profile = dataclasses.replace(profile, fixed=args.fixed_scale * profile.fixed)
     start = time.perf_counter()
     if args.rate is not None:
         specs = trace_specs(args.trace, args.requests)
-        result = {s: {"normalized_latency": simulate(args.profile, s, poisson_trace(specs, args.rate))
+        result = {s: {"normalized_latency": simulate(profile, s, poisson_trace(specs, args.rate))
                       .normalized_latency} for s in args.systems}
     elif args.ablations is not None:
-        result = ablations(args.profile, args.trace, args.requests, args.ablations)
+        result = ablations(profile, args.trace, args.requests, args.ablations)
     else:
-        result = figure12(args.profile, args.trace, args.requests, args.rates, args.threshold)
+        result = figure12(profile, args.trace, args.requests, args.rates, args.threshold)
     seconds = time.perf_counter() - start
     result = {"profile": args.profile, "requests": args.requests, "seconds": seconds} | result
+    if args.fixed_scale != 1:
+        result["fixed_scale"] = args.fixed_scale
     print(json.dumps(result, indent=2) if args.json else text_report(result))
     return 0
 
 
 def text_report(result: dict) -> str:
-    lines = [f"{result['profile']}, {result['requests']:,} requests per run, simulated in {result['seconds']:.1f} s"]
+    scale = f" (fixed step time x {result['fixed_scale']:g})" if "fixed_scale" in result else ""
+    lines = [f"{result['profile']}{scale}, {result['requests']:,} requests per run, simulated in {result['seconds']:.1f} s"]
     for name, points in result.get("curves", {}).items():
         lines.append(f"  {name:<18} " + "  ".join(f"{p['rate']:g}/s: {p['normalized_latency']:.3f}" for p in points))
     if "max_rate" in result:
@@ -311,9 +361,12 @@ def text_report(result: dict) -> str:
         for key, ratio in result["rate_ratio"].items():
             low, high = PAPER_RATE_RATIOS[key]
             lines.append(f"  paged {key.replace('_', ' ')}: {ratio:.2f}x (paper: {low}-{high}x)")
-    for key in ("block_size", "preemption"):
-        if key in result:
-            lines.append(f"{key}: {json.dumps(result[key])}")
+    if "block_size" in result:
+        lines.append(f"paged at {result['rate']:g} req/s, normalized latency (s/token) and preemptions, by block size:")
+        lines.append(f"  {'block size':<12}" + "".join(f"{b:>9}" for b in result["block_size"]))
+        for name, runs in result["preemption"].items():
+            lines.append(f"  {name:<12}" + "".join(f"{r['normalized_latency']:>9.4f}" for r in runs.values()))
+            lines.append(f"  {'  preempted':<12}" + "".join(f"{r['preemptions']:>9}" for r in runs.values()))
     for name, r in result.items():
         if isinstance(r, dict) and "normalized_latency" in r and name != "curves":
             lines.append(f"  {name}: {r['normalized_latency']:.4f} s/token")

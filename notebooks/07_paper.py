@@ -61,29 +61,30 @@ display(Markdown(
 # ## Latency against load (Figure 12's shape)
 #
 # Requests now arrive as a Poisson process. Each point is one simulated run; normalized latency
-# stays flat while the system keeps up and rises steeply past its knee. An Alpaca-like trace
-# (short prompts and answers) keeps the runs fast.
+# stays flat while the system keeps up and rises steeply past its knee. 300 ShareGPT-like
+# requests (long prompts and answers) are enough to find each system's knee in seconds.
 
 # %%
-specs = sim.trace_specs("alpaca", 300)
-rates = [5, 10, 20, 30, 40, 50]
-systems = ["paged", "contiguous-oracle", "contiguous-max", "static"]
+specs = sim.trace_specs("sharegpt", 300)
+rates = [0.5, 1, 2, 3, 4, 5, 6]
+systems = ["paged", "contiguous-oracle", "contiguous-pow2", "contiguous-max"]  # static: off the scale
 curves = {s: [sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency for r in rates]
           for s in systems}
-display(LineChart("normalized latency, opt-13b-a100 model, Alpaca-like", rates, curves, x_label="req/s",
+display(LineChart("normalized latency, opt-13b-a100 model, ShareGPT-like", rates, curves, x_label="req/s",
                   y_label="s/token", digits=3))
 
 # %%
 threshold = 4 * curves["paged"][0]
-best = {s: sim.max_sustainable_rate("opt-13b-a100", s, threshold, 300, trace="alpaca") for s in systems[:3]}
+best = {s: sim.max_sustainable_rate("opt-13b-a100", s, threshold, 300) for s in ("paged", "contiguous-oracle", "contiguous-max")}
 display(Markdown(
     f"Highest rate under {threshold:.3f} s/token: " + ", ".join(f"{s} {r:.1f}/s" for s, r in best.items())
     + f". Paging over the oracle chunk: {best['paged'] / best['contiguous-oracle']:.2f}x (paper 1.7–2.7x); "
     f"over max chunks: {best['paged'] / best['contiguous-max']:.2f}x (paper 2.7–8x)."))
 
 # %% [markdown]
-# The simulator is a model of OPT-13B on an A100 (weights and KV bytes read per step at the
-# GPU's bandwidth), not a measurement: `python -m minipaged.simulate` prints its assumptions.
+# The simulator is a model of OPT-13B on an A100 (a roofline: weights and KV bytes read per step
+# at the GPU's bandwidth, overlapped with the compute), not a measurement: `python -m
+# minipaged.simulate --help` prints its assumptions.
 
 # %% [markdown]
 # ## The CPU profile, fitted to minipaged
@@ -105,20 +106,21 @@ for batch in (1, 4, 16):
 # ## Exercises
 
 # %% [markdown]
-# **Exercise 1.** The paper's Figure 18: run paging's Alpaca-like trace at 40 req/s with block
-# sizes 1, 4, 16, 64 and 256. Why is the curve almost flat in this simulator, when the paper's
-# kernel got slower with tiny blocks?
+# **Exercise 1.** The paper's Figure 18b: run paging's ShareGPT-like trace at 4 req/s with block
+# sizes 1, 4, 16, 64 and 256, and print each run's normalized latency and preemptions. Why are
+# both ends worse than 16?
 
 # %% [markdown]
 # <details><summary>Solution 1</summary>
 #
 # ```python
 # for b in (1, 4, 16, 64, 256):
-#     result = sim.simulate("opt-13b-a100", "paged", sim.poisson_trace(specs, 40), block_size=b)
-#     print(b, f"{result.normalized_latency:.4f}")
-# # The profile charges no cost per block read, so only memory matters here: large blocks waste
-# # slots at the tails (fewer requests fit), tiny ones waste nothing. The paper's GPU kernel pays
-# # per block for small blocks, which is why vLLM chose 16.
+#     result = sim.simulate("opt-13b-a100", "paged", sim.poisson_trace(specs, 4), block_size=b)
+#     print(b, f"{result.normalized_latency:.4f}", result.preemptions)
+# # Tiny blocks: every frame attended costs the profile's per_frame (one more block-table hop and
+# # a part-used read, 20% of a 16-token frame's read time), and block size 1 pays it per token.
+# # Huge blocks: each sequence's last frame is mostly empty, so fewer requests fit and more are
+# # preempted (recomputed). vLLM's default, 16, sits in the flat middle.
 # ```
 #
 # </details>
@@ -133,8 +135,8 @@ for batch in (1, 4, 16):
 # ```python
 # for factor in (2, 3):
 #     limit = factor * curves["paged"][0]
-#     paged = sim.max_sustainable_rate("opt-13b-a100", "paged", limit, 300, trace="alpaca")
-#     worst = sim.max_sustainable_rate("opt-13b-a100", "contiguous-max", limit, 300, trace="alpaca")
+#     paged = sim.max_sustainable_rate("opt-13b-a100", "paged", limit, 300)
+#     worst = sim.max_sustainable_rate("opt-13b-a100", "contiguous-max", limit, 300)
 #     print(factor, f"{paged / worst:.2f}x")
 # # The ratio moves with the threshold: the paper's range is a range of traces and thresholds too.
 # ```

@@ -2,6 +2,7 @@
 the simulator's step-time model fitted to it. On a virtual clock the engine and the simulator
 must agree exactly: both drive the same scheduler, so any gap is a bug in one of them."""
 
+import dataclasses
 import json
 import types
 
@@ -10,7 +11,8 @@ import pytest
 from checkpoints import write_checkpoint
 from minipaged import bench, bench_latency
 from minipaged.engine import LLM
-from minipaged.simulate import PROFILES
+from minipaged.paging.workload import make_workload
+from minipaged.simulate import PROFILES, poisson_trace, simulate
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,29 @@ def test_on_a_virtual_clock_the_engine_is_what_the_simulator_predicts(folder):
         if paged["rate"] < 8:  # below saturation a short request waits for the longest of its static batch;
             # at 8 req/s all 12 arrive at once, and static's first batch of 4 may hold only short ones
             assert static["short_e2e_p50"] > 1.5 * paged["short_e2e_p50"]
+    knee = result["at_knee"]
+    assert knee["rate"] == bench_latency.knee(systems["paged"]) and knee["rate"] in args.rates
+    paged, static = (next(p for p in systems[s] if p["rate"] == knee["rate"]) for s in ("paged", "static"))
+    assert knee["normalized_latency_ratio"] == pytest.approx(static["normalized_latency"] / paged["normalized_latency"])
+
+
+def test_each_point_is_predicted_from_steps_timed_at_the_other_rates():
+    """Steps timed at rate 1 follow one step-time model, steps at rate 2 another: the point at
+    rate 1 must be predicted with the model of rate 2's steps, and the other way round."""
+    slow, fast = (dataclasses.replace(PROFILES["cpu-smollm2"], fixed=f, per_token=t, per_context=c)
+                  for f, t, c in ((0.04, 0.004, 4e-5), (0.01, 0.001, 1e-5)))
+    shapes = [(t, c) for t in (1, 3, 16, 40) for c in (t, 10 * t, 50 * t)]
+    timed = {1: [(t, c, slow.step_time(t, c)) for t, c in shapes], 2: [(t, c, fast.step_time(t, c)) for t, c in shapes]}
+    args = arguments(rates=[1, 2], requests=8)
+    specs = make_workload(8, min_len=4, max_len=128, prompt_mean=32, output_mean=32, seed=0)
+    systems = {"paged": [{"rate": 1, "normalized_latency": 1.0}, {"rate": 2, "normalized_latency": 1.0}]}
+    fit = bench_latency.predict(args, specs, systems, timed, None)
+    expected = {rate: simulate(bench_latency.simulator_profile(args, profile), "paged",
+                               poisson_trace(specs, rate, 0)).normalized_latency
+                for rate, profile in ((1, fast), (2, slow))}
+    for p in systems["paged"]:
+        assert p["predicted"] == pytest.approx(expected[p["rate"]], rel=1e-6)
+    assert fit["steps"] == 2 * len(shapes) and fit["fit_error_p50"] > 0.05  # one line cannot fit both
 
 
 def test_latency_json_on_this_machines_clock(folder, capsys):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged import bench, chat
+from minipaged import bench, chat, simulate
 from minipaged.serve import cli as serve_cli
 from minipaged.backend import cuda_available
 
@@ -66,7 +66,8 @@ def test_every_quoted_command_names_real_things(document, command):
         else:
             module, args = words[words.index("-m") + 1], words[words.index("-m") + 2:]
             parse = {"minipaged.chat": chat.parse_args, "minipaged.bench": bench.build_parser().parse_args,
-                     "minipaged.serve": serve_cli.build_parser().parse_args}
+                     "minipaged.serve": serve_cli.build_parser().parse_args,
+                     "minipaged.simulate": simulate.build_parser().parse_args}
             assert module in parse, f"{document} quotes {command!r}: no such command"
             try:
                 parse[module](args)

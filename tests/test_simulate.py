@@ -68,3 +68,51 @@ def test_json_of_one_timed_run(capsys):
 def test_a_trace_too_short_to_saturate_sustains_the_highest_rate_instead_of_hanging():
     from minipaged import simulate
     assert simulate.max_sustainable_rate("opt-13b-a100", "paged", 1e9, 20, "alpaca") == simulate.MAX_RATE
+
+
+def test_the_gpu_profile_is_a_roofline_and_the_cpu_profile_a_sum():
+    gpu, cpu = sim.PROFILES["opt-13b-a100"], sim.PROFILES["cpu-smollm2"]
+    decode = gpu.step_time(32, 32 * 400, 32 * 25)   # memory-bound: the weights and KV read dominate
+    assert decode == pytest.approx(gpu.fixed + gpu.per_context * 32 * 400 + gpu.per_frame * 32 * 25)
+    prefill = gpu.step_time(2000, 2000, 125)        # compute-bound: 2000 tokens through the matmuls
+    assert prefill == pytest.approx(gpu.per_token * 2000) and prefill > gpu.fixed
+    assert cpu.step_time(4, 400) == pytest.approx(cpu.fixed + 4 * cpu.per_token + 400 * cpu.per_context)
+
+
+def test_small_blocks_pay_per_frame_and_contiguous_chunks_read_one_region_per_row():
+    trace = sim.poisson_trace(sim.trace_specs("alpaca", 200), rate=60)
+    one, sixteen = (sim.simulate("opt-13b-a100", "paged", trace, block_size=b) for b in (1, 16))
+    assert one.preemptions == sixteen.preemptions == 0    # the same schedule, only slower steps
+    assert one.normalized_latency > 1.1 * sixteen.normalized_latency
+    for system, frames_per_row in (("contiguous-oracle", lambda tokens: 1), ("paged", lambda tokens: tokens)):
+        simulator = sim.Simulator(sim.PROFILES["opt-13b-a100"], system, block_size=1)
+        for arrival in trace[:3]:
+            simulator.add(arrival)
+        batch = simulator.scheduler.schedule()   # the three prompts
+        tokens, frames = simulator._context(batch)
+        assert len(batch.scheduled) == 3 and tokens == sum(s.num_new_tokens for s in batch.scheduled)
+        assert frames == sum(frames_per_row(s.num_new_tokens) for s in batch.scheduled), system
+
+
+def test_ablations_count_preemptions_and_swap_moves_frames():
+    result = sim.ablations("opt-13b-a100", "alpaca", 400, rate=400)   # far past paging's knee
+    assert set(result["block_size"]) == set(sim.ABLATION_BLOCK_SIZES)
+    recompute, swap = result["preemption"]["recompute"], result["preemption"]["swap"]
+    assert result["block_size"] is recompute
+    assert any(r["preemptions"] for r in recompute.values()) and any(r["swapped_frames"] for r in swap.values())
+    assert all(r["swapped_frames"] == 0 for r in recompute.values())
+    text = sim.text_report({"profile": "opt-13b-a100", "requests": 400, "seconds": 1.0} | result)
+    assert "preempted" in text and "swap" in text
+
+
+def test_fixed_scale_slows_every_step_and_is_checked(capsys):
+    sim.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json"])
+    plain = json.loads(capsys.readouterr().out)
+    sim.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json",
+              "--fixed-scale", "2"])
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["fixed_scale"] == 2 and "fixed_scale" not in plain
+    assert slow["paged"]["normalized_latency"] > 1.5 * plain["paged"]["normalized_latency"]
+    with pytest.raises(SystemExit):
+        sim.main(["--fixed-scale", "0"])
+    assert "--fixed-scale must be positive" in capsys.readouterr().err
