@@ -369,7 +369,7 @@ from minipaged import bench_latency  # noqa: E402
 
 command("latency", help="the paper's Figure 12 on the real engine: normalized latency against Poisson request "
         "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: the simulator beside it)",
-        takes="about 4 min", add_arguments=lambda p: (_model_arguments(p), bench_latency.latency_arguments(p)))(
+        takes="about 6 min", add_arguments=lambda p: (_model_arguments(p), bench_latency.latency_arguments(p)))(
             lambda args: bench_latency.bench_latency(args, _load))
 command("calibrate", help="fit the simulator's cpu-smollm2 step-time model to timed engine steps",
         takes="about 1 min", add_arguments=lambda p: (_model_arguments(p), bench_latency.calibrate_arguments(p)))(
