@@ -216,7 +216,9 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns(model):
 
 @pytest.mark.slow
 def test_a_terminal_session_streams_stops_on_ctrl_c_and_leaves_on_ctrl_d(model):
-    python, *args = chat_command(model, "--max-tokens", "48")
+    # room for a long story: Ctrl-C must land before it ends, even when this test process is
+    # starved of CPU while the chat keeps generating (a 48-token cap once lost that race)
+    python, *args = chat_command(model, "--max-tokens", "256")
     child = pexpect.spawn(python, args, env=ENV, encoding="utf-8", timeout=90, dimensions=(40, 80))
     try:
         child.expect(r"ready on cpu in [\d.]+ s")
@@ -236,7 +238,7 @@ def test_a_terminal_session_streams_stops_on_ctrl_c_and_leaves_on_ctrl_d(model):
         child.expect(r"\w\w")             # the answer has begun streaming
         child.sendintr()                  # Ctrl-C mid-answer
         child.expect(r"\[stopped: (\d+) tokens", timeout=10)
-        assert int(child.match[1]) < 48
+        assert int(child.match[1]) < 256
         child.expect("you> ")             # back at the prompt, still alive
         child.sendline("/stats")
         child.expect(r"KV frames now: 0 used, (\d+) free of (\d+)")  # the stopped answer freed its frames
