@@ -289,10 +289,10 @@ ABLATION_BLOCK_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 def ablations(profile: str | Profile, trace: str, num_requests: int, rate: float) -> dict:
     """The paper's Figures 18b and 19b from the same tool: paging's normalized latency by block
-    size, with preemption by recompute (small blocks pay the per-frame attention cost, large ones
-    waste more of their last frame), and the same by swap (which pays PCIe time per slot and a
-    copy overhead per frame moved). Each run also counts its preemptions: at a rate paging
-    sustains there are none, and the two modes cannot differ."""
+    size (small blocks pay the per-frame attention cost, large ones waste more of their last
+    frame), preempting by recompute and by swap (which pays PCIe time per slot and a copy
+    overhead per frame moved). Each run also counts its preemptions: where nothing is
+    preempted, the two modes cannot differ."""
     specs = trace_specs(trace, num_requests)
 
     def run(**options) -> dict:
@@ -300,9 +300,8 @@ def ablations(profile: str | Profile, trace: str, num_requests: int, rate: float
         return {"normalized_latency": result.normalized_latency, "preemptions": result.preemptions,
                 "swapped_frames": result.swapped_frames}
 
-    recompute = {b: run(block_size=b, preemption_mode="recompute") for b in ABLATION_BLOCK_SIZES}
-    swap = {b: run(block_size=b, preemption_mode="swap") for b in ABLATION_BLOCK_SIZES}
-    return {"rate": rate, "block_size": recompute, "preemption": {"recompute": recompute, "swap": swap}}
+    return {"rate": rate} | {mode: {b: run(block_size=b, preemption_mode=mode) for b in ABLATION_BLOCK_SIZES}
+                             for mode in ("recompute", "swap")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,12 +360,12 @@ def text_report(result: dict) -> str:
         for key, ratio in result["rate_ratio"].items():
             low, high = PAPER_RATE_RATIOS[key]
             lines.append(f"  paged {key.replace('_', ' ')}: {ratio:.2f}x (paper: {low}-{high}x)")
-    if "block_size" in result:
+    if "swap" in result:
         lines.append(f"paged at {result['rate']:g} req/s, normalized latency (s/token) and preemptions, by block size:")
-        lines.append(f"  {'block size':<12}" + "".join(f"{b:>9}" for b in result["block_size"]))
-        for name, runs in result["preemption"].items():
-            lines.append(f"  {name:<12}" + "".join(f"{r['normalized_latency']:>9.4f}" for r in runs.values()))
-            lines.append(f"  {'  preempted':<12}" + "".join(f"{r['preemptions']:>9}" for r in runs.values()))
+        lines.append(f"  {'block size':<12}" + "".join(f"{b:>9}" for b in ABLATION_BLOCK_SIZES))
+        for name in ("recompute", "swap"):
+            lines.append(f"  {name:<12}" + "".join(f"{r['normalized_latency']:>9.4f}" for r in result[name].values()))
+            lines.append(f"  {'  preempted':<12}" + "".join(f"{r['preemptions']:>9}" for r in result[name].values()))
     for name, r in result.items():
         if isinstance(r, dict) and "normalized_latency" in r and name != "curves":
             lines.append(f"  {name}: {r['normalized_latency']:.4f} s/token")
