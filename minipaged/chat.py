@@ -25,7 +25,7 @@ from minipaged.engine import LLM
 from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
 from minipaged.viz import FrameMap
-from minipaged.weights import DEFAULT_MODEL, resolve_model
+from minipaged.model.weights import DEFAULT_MODEL, resolve_model
 
 COMMANDS = {
     "/stats": "speed of the last answer, KV frames used and free, prefix-cache hits",

@@ -26,8 +26,8 @@ from minipaged.paging import (ALLOCATORS, SWAP_SPACE, KVCache, bytes_per_frame, 
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
 from minipaged.scheduler import POLICIES, Batch, Request, Scheduler, SchedulerConfig, Sequence, Status
-from minipaged.tokenizer import IncrementalDetokenizer, Tokenizer
-from minipaged.weights import DEFAULT_MODEL, resolve_model
+from minipaged.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from minipaged.model.weights import DEFAULT_MODEL, resolve_model
 
 
 @dataclass(slots=True)

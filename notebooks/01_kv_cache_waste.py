@@ -35,9 +35,9 @@ from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
 from minipaged.backend import to_numpy
-from minipaged.oracle import ContiguousKVCache
+from minipaged.model.oracle import ContiguousKVCache
 from minipaged.paging import BlockManager, StaticBlockManager, bytes_per_frame
-from minipaged.paging.workload import make_workload, simulate_memory
+from minipaged.bench.workload import make_workload, simulate_memory
 from minipaged.viz import BarChart, LineChart
 
 llm = LLM()  # SmolLM2-135M-Instruct: on a GPU if there is one, else NumPy on the CPU
@@ -75,7 +75,7 @@ display(Markdown(
 # ## Growing a cache, token by token
 #
 # Before paging, an engine gave each request one contiguous **slab** of KV memory, reserved
-# when the request arrived. `minipaged.oracle.ContiguousKVCache` is such a cache (the tests
+# when the request arrived. `minipaged.model.oracle.ContiguousKVCache` is such a cache (the tests
 # hold every faster path in minipaged to its answers). Nobody knows how long an answer will be,
 # so the slab must hold the longest answer allowed; we reserve 512 tokens, a modest cap next to
 # the model's limit.

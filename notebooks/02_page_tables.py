@@ -34,7 +34,7 @@
 from IPython.display import Markdown, display
 
 from minipaged.paging import BlockManager, NoFreeFramesError
-from minipaged.paging.workload import make_workload, simulate_memory
+from minipaged.bench.workload import make_workload, simulate_memory
 from minipaged.viz import FrameMap, LineChart, PageTableView
 
 # %% [markdown]

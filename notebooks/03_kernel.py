@@ -37,12 +37,12 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from minipaged.attention import emulated, kernels, reference
-from minipaged.attention.kernel_bench import Shape
+from minipaged.bench.kernel import Shape
 from minipaged.backend import cuda_available
-from minipaged.config import ModelConfig
-from minipaged.demo import two_sequences
+from minipaged.model.config import ModelConfig
+from minipaged.viz.demo import two_sequences
 from minipaged.viz import BarChart, PageTableView
-from minipaged.weights import load_weights, resolve_model
+from minipaged.model.weights import load_weights, resolve_model
 
 SOURCE = kernels.SOURCES["paged_attention"].read_text().splitlines()
 
@@ -138,7 +138,7 @@ show("// v1, v2: a block-wide reduction", "// v3+: combine")
 # keys and values in scattered frames, their block tables and context lengths, and one query
 # per sequence. A `BlockManager` decides where the tokens go: the very batch of notebook 2,
 # s1 (a 6-token prompt and 8 generated tokens) and s2 (a 5-token prompt), then both decoding
-# in turn, so that their frames interleave (`minipaged.demo.two_sequences()` builds it again).
+# in turn, so that their frames interleave (`minipaged.viz.demo.two_sequences()` builds it again).
 # The sizes are SmolLM2's where it matters, 3 query heads per KV head and `head_dim` 64, with
 # one KV head and blocks of 4 slots so that the pictures fit.
 
@@ -333,7 +333,7 @@ else:
 if not cuda_available():
     print("skipped: needs a GPU")
 else:
-    from minipaged.attention import kernel_bench
+    from minipaged.bench import kernel as kernel_bench
 
     rows = kernel_bench.run(shapes=[shape], repeats=10)
     display(BarChart(f"decode attention, {shape.num_seqs} × {shape.context_len:,} tokens, SmolLM2 heads: "

@@ -32,8 +32,8 @@
 # %%
 from IPython.display import Markdown, display
 
-from minipaged import simulate as sim
-from minipaged.bench_paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
+from minipaged.bench import simulate as sim
+from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
 from minipaged.viz import LineChart
 
 # %% [markdown]

@@ -21,7 +21,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=None, help="default: the offline SmolLM2 folder")
     args = parser.parse_args()
     if args.model is None:
-        from minipaged.offline_model import offline_default_model
+        from minipaged.model.offline import offline_default_model
         args.model = str(offline_default_model())
     command = ["-m", "minipaged.chat", "--model", args.model, "--max-tokens", "48", "--temperature", "0"]
     chat = pexpect.spawn(sys.executable, command, encoding="utf-8", timeout=300)

@@ -33,7 +33,7 @@ echo "== kernel benchmark"
 timeout 120 "$PYTHON" -m minipaged.bench kernel --json > "$OUT/kernel.json"
 bench=$?
 [ "$bench" -eq 0 ] &&
-    "$PYTHON" -m minipaged.attention.kernel_bench "$OUT/kernel.json" | tee "$OUT/kernel.txt"
+    "$PYTHON" -m minipaged.bench.kernel "$OUT/kernel.json" | tee "$OUT/kernel.txt"
 
 echo "== throughput: continuous vs static batching on CuPy (random weights, SmolLM2-135M's shapes)"
 "$PYTHON" scripts/write_random_model.py "${TMPDIR:-/tmp}/smol-random" --dtype float16 > /dev/null &&

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from minipaged import LLM, SamplingParams
-from minipaged.attention.kernel_bench import SHAPES
-from minipaged.demo import reused_frames, two_sequences
+from minipaged.bench.kernel import SHAPES
+from minipaged.viz.demo import reused_frames, two_sequences
 from minipaged.paging import BlockManager, StaticBlockManager
-from minipaged.paging.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
+from minipaged.bench.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
 from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline, svg_document
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
@@ -218,9 +218,9 @@ def paper_figures() -> dict:
     opt-13b-a100 model, and the measured latency curves of `bench latency` (from its committed JSON)."""
     import json
 
-    from minipaged import simulate as sim
-    from minipaged.bench_latency import latency_chart
-    from minipaged.bench_paper import fragmentation_chart
+    from minipaged.bench import simulate as sim
+    from minipaged.bench.latency import latency_chart
+    from minipaged.bench.paper import fragmentation_chart
     specs, rates = sim.trace_specs("sharegpt", 300), [0.5, 1, 2, 3, 4, 5, 6]
     curves = {s: [sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency for r in rates]
               for s in sim.FIGURE_SYSTEMS}  # static batching is off this scale (0.97 s/token at 1 req/s)

@@ -17,9 +17,9 @@ import pytest
 
 from minipaged.backend import cuda_available
 from minipaged.chat import parse_args, parse_size
-from minipaged.offline_model import offline_default_model
+from minipaged.model.offline import offline_default_model
 from minipaged.paging import BlockManager
-from minipaged.weights import resolve_model
+from minipaged.model.weights import resolve_model
 
 BLOCK = 16  # the chat's default block size
 # One BLAS thread: on a 2-core machine shared with the pytest process (or other test runs),

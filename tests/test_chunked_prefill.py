@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 
 TESTS = Path(__file__).parent
 # They assert the shape of one-step prefill (a step's rows, peak frames, that a preemption

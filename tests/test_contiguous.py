@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 from minipaged.paging import ContiguousBlockManager, NoFreeFramesError
 
 

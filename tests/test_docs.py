@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.attention.kernel_bench import SHAPES
-from minipaged.bench_latency import knee
+from minipaged.bench.kernel import SHAPES
+from minipaged.bench.latency import knee
 from minipaged.paging import bytes_per_frame
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 

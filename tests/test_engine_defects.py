@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

@@ -9,10 +9,11 @@ import types
 import pytest
 
 from checkpoints import write_checkpoint
-from minipaged import bench, bench_latency
+from minipaged import bench
+from minipaged.bench import latency as bench_latency
 from minipaged.engine import LLM
-from minipaged.paging.workload import make_workload
-from minipaged.simulate import PROFILES, poisson_trace, simulate
+from minipaged.bench.workload import make_workload
+from minipaged.bench.simulate import PROFILES, poisson_trace, simulate
 
 
 @pytest.fixture(scope="module")

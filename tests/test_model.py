@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from checkpoints import bf16_round, write_checkpoint
 
-from minipaged.config import ModelConfig
-from minipaged.model import Model, rope_inv_freq
-from minipaged.oracle import ContiguousKVCache, greedy_generate
-from minipaged.weights import load_weights, read_safetensors, resolve_model
+from minipaged.model.config import ModelConfig
+from minipaged.model.llama import Model, rope_inv_freq
+from minipaged.model.oracle import ContiguousKVCache, greedy_generate
+from minipaged.model.weights import load_weights, read_safetensors, resolve_model
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_tiny_logits.json").read_text())
 

@@ -10,7 +10,7 @@ from checkpoints import write_checkpoint
 
 from minipaged.backend import to_numpy
 from minipaged.model import Model
-from minipaged.oracle import ContiguousKVCache, greedy_generate
+from minipaged.model.oracle import ContiguousKVCache, greedy_generate
 
 pytestmark = pytest.mark.gpu
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from minipaged import offline_model
+from minipaged.model import offline as offline_model
 
 
 def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:

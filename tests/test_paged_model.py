@@ -10,7 +10,7 @@ import pytest
 
 from minipaged.model import Model
 from minipaged.paging import BlockManager, KVCache, MemoryMoves
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 from minipaged.runner import ModelRunner
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minipaged import SamplingParams
-from minipaged.oracle import greedy_generate
+from minipaged.model.oracle import greedy_generate
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_greedy.json").read_text())
 CASES = HF["cases"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.oracle import ContiguousKVCache, greedy_generate
+from minipaged.model.oracle import ContiguousKVCache, greedy_generate
 
 
 @pytest.fixture(scope="module")

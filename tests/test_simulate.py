@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from minipaged import simulate as sim
-from minipaged.bench_paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
+from minipaged.bench import simulate as sim
+from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_json_of_one_timed_run(capsys):
 
 
 def test_a_trace_too_short_to_saturate_sustains_the_highest_rate_instead_of_hanging():
-    from minipaged import simulate
+    from minipaged.bench import simulate
     assert simulate.max_sustainable_rate("opt-13b-a100", "paged", 1e9, 20, "alpaca") == simulate.MAX_RATE
 
 

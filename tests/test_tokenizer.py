@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from minipaged.tokenizer import IncrementalDetokenizer, Tokenizer
+from minipaged.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 def test_chat_template_renders_like_transformers(tiny):

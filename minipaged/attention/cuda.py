@@ -56,7 +56,7 @@ def prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, sc
 
 
 def __getattr__(name: str):
-    """`cuda.LAUNCHER`, as kernel_bench and the GPU tests use it: the launcher, built on first use."""
+    """`cuda.LAUNCHER`, as the kernel benchmark and the GPU tests use it: the launcher, built on first use."""
     if name == "LAUNCHER":
         return launcher()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged.simulate import fragmentation
+from minipaged.bench.simulate import fragmentation
 from minipaged.viz import BarChart
 
 PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382,

@@ -123,7 +123,7 @@ def bench_memory(args) -> dict:
     """The same requests through both allocators, in one pool of max_num_seqs × max_model_len
     slots, so memory never limits admission: the figures compare how memory is used."""
     from minipaged.paging import BlockManager, StaticBlockManager
-    from minipaged.paging.workload import make_workload, simulate_memory
+    from minipaged.bench.workload import make_workload, simulate_memory
     requests = make_workload(args.requests, seed=args.seed)
     num_slots = args.max_num_seqs * args.max_model_len
     managers = {"paged": BlockManager(num_slots // args.block_size, args.block_size,
@@ -174,8 +174,8 @@ def _kernel_arguments(parser):
 def bench_kernel(args) -> list:
     """Each version is first checked against dense attention, then timed on four shapes (SmolLM2
     and Llama 3 8B batches, long contexts, an fp32 cache); one row per (shape, version). See
-    minipaged/attention/kernel_bench.py."""
-    from minipaged.attention import kernel_bench
+    minipaged/bench/kernel.py."""
+    from minipaged.bench import kernel as kernel_bench
     versions = [int(v) for v in args.versions.split(",")]
     rows = []
     for shape in tqdm(kernel_bench.SHAPES, desc="kernel", unit="shape", delay=1):
@@ -234,7 +234,7 @@ def bench_throughput(args) -> dict:
     """The same requests (random prompts, lengths drawn like chat traffic) through continuous
     batching and through static batching (a batch runs until its longest request ends), on KV
     caches of the same size; tokens/s of generated tokens, and their ratio."""
-    from minipaged.paging.workload import make_workload
+    from minipaged.bench.workload import make_workload
     from minipaged.sampling import SamplingParams
 
     specs = make_workload(args.requests, min_len=8, max_len=args.max_model_len // 2,
@@ -291,7 +291,7 @@ Why the ShareGPT-like figures can exceed the paper's:
 def bench_sharing(args) -> dict:
     """Each step, frames in use with sharing vs the frames the same sequences would hold with a
     private copy each (sum of their block tables); saving = 1 - shared / private over the run."""
-    from minipaged.paging.workload import make_workload
+    from minipaged.bench.workload import make_workload
     from minipaged.sampling import SamplingParams
 
     llm, threads = _load(args, enable_prefix_caching=False)
@@ -347,7 +347,7 @@ def bench_sharing(args) -> dict:
 
 
 # the server's benchmark lives beside the server (it starts one and loads it over HTTP)
-from minipaged.serve import bench as serve_bench  # noqa: E402
+from minipaged.bench import serve as serve_bench  # noqa: E402
 
 command("serve", help="the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency "
         "percentiles, continuous vs static batching, and the in-process engine on the same requests",
@@ -355,7 +355,7 @@ command("serve", help="the OpenAI server under Poisson arrivals: tokens/s, TTFT,
 
 
 # the paper's measurements (issue 13) live in their own module
-from minipaged import bench_paper  # noqa: E402
+from minipaged.bench import paper as bench_paper  # noqa: E402
 
 command("fragmentation", help="the paper's Figure 2: KV slots holding tokens, reserved, internal and external "
         "fragmentation, Orca's contiguous allocators vs paging (simulated, real scheduler)",
@@ -365,7 +365,7 @@ command("chunked", help="decode time per output token (p50/p99) while long promp
         add_arguments=lambda p: (_model_arguments(p), bench_paper.chunked_arguments(p)))(
             lambda args: bench_paper.bench_chunked(args, _load))
 
-from minipaged import bench_latency  # noqa: E402
+from minipaged.bench import latency as bench_latency  # noqa: E402
 
 command("latency", help="the paper's Figure 12 on the real engine: normalized latency against Poisson request "
         "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: the simulator beside it)",

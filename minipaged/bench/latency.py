@@ -17,9 +17,9 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from minipaged.bench_paper import show
-from minipaged.paging.workload import make_workload
-from minipaged.simulate import PROFILES, Profile, poisson_trace, simulate
+from minipaged.bench.paper import show
+from minipaged.bench.workload import make_workload
+from minipaged.bench.simulate import PROFILES, Profile, poisson_trace, simulate
 from minipaged.viz import LineChart
 
 SYSTEMS = {"paged": {}, "contiguous-oracle": {"allocator": "contiguous-oracle"},

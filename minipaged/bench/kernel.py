@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from ..backend import cdiv
-from . import kernels
+from minipaged.backend import cdiv
+from minipaged.attention import kernels
 
 BLOCK_SIZE = 16
 
@@ -45,7 +45,7 @@ SHAPES = (
 def run(shapes=SHAPES, versions=kernels.VERSIONS, repeats: int = 20,
         verbose: bool = True) -> list[dict]:
     """Check and time every version on every shape; a list of rows (dicts), one per timing."""
-    from ..backend import cuda_available
+    from minipaged.backend import cuda_available
     if not cuda_available():
         raise SystemExit("python -m minipaged.bench kernel needs a CUDA device (and CuPy); this "
                          "machine has none. On a CPU the same kernels run, for correctness "
@@ -172,7 +172,7 @@ def record(decode, caches):
     """Run decode(launcher, k_cache, v_cache) once per cache copy with a launcher that records
     its launches instead of running them. Returns one call per copy that replays them (the
     kernels alone: no allocations, no checks), and the first copy's output from a real run."""
-    from . import cuda
+    from minipaged.attention import cuda
     replays = []
     for k_cache, v_cache in caches:
         recorded = []
@@ -195,7 +195,7 @@ def dense_attention(q, k, v, scale):
     return cupy.matmul(p.astype(q.dtype), v).reshape(num_seqs, num_heads, head_dim)
 
 
-if __name__ == "__main__":      # python -m minipaged.attention.kernel_bench kernel.json: the table
+if __name__ == "__main__":      # python -m minipaged.bench.kernel kernel.json: the table
     import json
     import sys
     saved = json.load(open(sys.argv[1]))

@@ -4,7 +4,7 @@ On the path of a request this is the middle: flat token ids and positions go in,
 positions that need them come out. All sequences of a step are flattened into one
 (num_tokens, hidden) matrix, so every projection is one 2-D matmul whatever the batch. The KV
 cache is not the model's business: each layer hands its q, k, v to an `attention` callable
-(a contiguous cache in `minipaged.oracle`, the paged cache in the engine).
+(a contiguous cache in `minipaged.model.oracle`, the paged cache in the engine).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Protocol
 import numpy as np
 
 from minipaged.backend import array_module, get_xp
-from minipaged.config import ModelConfig
-from minipaged.weights import load_weights
+from minipaged.model.config import ModelConfig
+from minipaged.model.weights import load_weights
 
 
 class Attention(Protocol):

@@ -40,7 +40,7 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
             raise FileNotFoundError(f"model {model!r} is not a local folder, and {_hub_trouble(error)}: "
                                     "check the name, or pass a folder holding config.json, "
                                     "tokenizer.json and *.safetensors") from None
-    from minipaged.offline_model import offline_default_model
+    from minipaged.model.offline import offline_default_model
     return check_folder(offline_default_model())
 
 

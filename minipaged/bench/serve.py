@@ -40,7 +40,7 @@ def workload(args, vocab: int):
     """(prompts as token ids, max_tokens of each, arrival offsets in seconds): the throughput
     benchmark's lengths, arrivals drawn from a Poisson process at args.request_rate."""
     from minipaged.bench import _random_prompts
-    from minipaged.paging.workload import make_workload
+    from minipaged.bench.workload import make_workload
     specs = make_workload(args.requests, min_len=8, max_len=args.max_model_len // 2,
                           prompt_mean=64, output_mean=128, seed=args.seed)
     prompts = [p["prompt_token_ids"] for p in _random_prompts(specs, args.seed, vocab)]
@@ -141,7 +141,7 @@ def bench_serve(args) -> dict:
 
     from minipaged.engine import LLM
     from minipaged.sampling import SamplingParams
-    from minipaged.weights import resolve_model
+    from minipaged.model.weights import resolve_model
 
     folder = resolve_model(args.model)
     schedulers = ["continuous", "static"] if args.scheduler == "both" else [args.scheduler]

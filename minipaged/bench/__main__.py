@@ -1,0 +1,5 @@
+import sys
+
+from minipaged.bench import main
+
+sys.exit(main())
