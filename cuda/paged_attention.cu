@@ -539,11 +539,11 @@ __global__ void paged_attention_v6_reduce(
 }
 
 // ================================================================================================
-// Prefill: many query tokens per sequence (a prompt, or the rest of a prompt after a
-// prefix-cache hit: any suffix of the context, so the engine could also feed a long prompt in
-// chunks, though it has no chunked prefill today). Sequence i's queries are rows query_start_loc[i] ..
-// query_start_loc[i+1] of q: the last query_len of its context_len tokens, whose K/V are already
-// in the cache. The query at position pos sees the keys at positions 0..pos (causal).
+// Prefill: many query tokens per sequence (a prompt, the rest of a prompt after a prefix-cache
+// hit, or one chunk of a long prompt under enable_chunked_prefill: any suffix of the context so
+// far). Sequence i's queries are rows query_start_loc[i] .. query_start_loc[i+1] of q: the last
+// query_len of its context_len tokens, whose K/V are already in the cache. The query at position
+// pos sees the keys at positions 0..pos (causal).
 // A block takes PREFILL_ROWS query rows of one sequence, a row being one query token for one query
 // head of a GQA group, so the heads of a group share the loads. It walks the keys those rows need
 // in tiles of KEY_TILE tokens staged in shared memory (K/V come from global memory once per block,

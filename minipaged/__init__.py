@@ -5,7 +5,8 @@
     llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
 """
 
-from minipaged.engine import LLM, CompletionOutput, RequestOutput
+from minipaged.llm import LLM
+from minipaged.outputs import CompletionOutput, RequestOutput
 from minipaged.sampling import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

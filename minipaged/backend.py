@@ -1,10 +1,7 @@
 """The array backend: NumPy on a CPU, CuPy on a CUDA GPU, behind one name `xp`.
 
-Every array in the forward pass is written against `xp`, so the same lines run on both.
-`MINIPAGED_DEVICE=cpu|cuda` forces the choice; by default a usable CUDA device wins. The device
-is looked at only when a model is loaded (`LLM(device=...)`), never at import. On a CPU,
-`fit_blas_threads` gives NumPy's BLAS only the cores nobody else is using.
-This module imports nothing of minipaged.
+Every array in the forward pass is written against `xp`, so the same lines run on both. The
+device is looked at only when a model is loaded, never at import; imports nothing of minipaged.
 """
 
 from __future__ import annotations
@@ -34,7 +31,8 @@ def cuda_available() -> bool:
 
 
 def resolve_device(device: str | None = None) -> str:
-    """'cpu' or 'cuda': the argument, else $MINIPAGED_DEVICE, else cuda when usable."""
+    """'cpu' or 'cuda': the argument (`LLM(device=...)`), else $MINIPAGED_DEVICE, else cuda when
+    usable."""
     device = (device or os.environ.get("MINIPAGED_DEVICE") or "").strip().lower()
     if not device:
         return "cuda" if cuda_available() else "cpu"

@@ -1,12 +1,7 @@
 """Beam search: which beams extend, which fork, which die (the engine applies it to the pages).
 
-Each step, every live beam proposes its 2 * width most likely next tokens, scored by cumulative
-log probability; the best `width` that do not end the text become the new beams. A beam with one
-surviving continuation extends in place; a beam with several is fork()ed for the others (they
-share its frames, and the first write into its partial last block copies it); a beam with none
-is dropped and its frames are freed. Continuations that end the text are kept as finished
-hypotheses, ranked by log probability per output token. Beams are duck-typed: anything with
-`cumulative_logprob` and `output_ids`.
+After each forward pass the engine asks `step` what became of its beams (anything with
+`cumulative_logprob` and `output_ids`), then appends to, fork()s or frees them.
 """
 
 from __future__ import annotations
@@ -36,7 +31,14 @@ class BeamStep:
 
 
 def step(rows: list[tuple[object, np.ndarray]], width: int, ends: Callable[[int], bool]) -> BeamStep:
-    """One step over (beam, logits row) pairs; `ends(token)` says whether a token ends the text."""
+    """One step over (beam, logits row) pairs; `ends(token)` says whether a token ends the text.
+
+    Every live beam proposes its 2 * width most likely next tokens, scored by cumulative log
+    probability; the best `width` that do not end the text become the new beams. A beam with one
+    surviving continuation extends in place; a beam with several is fork()ed for the others
+    (they share its frames, and copy-on-write copies its partial last block at the first write);
+    a beam with none is dropped and its frames are freed. Continuations that end the text are
+    kept as finished hypotheses, ranked by log probability per output token (`score`)."""
     candidates = []
     for beam, logits in rows:
         logprobs = log_softmax(logits[None])[0]                       # (vocab,) float64

@@ -1,11 +1,7 @@
 """`python -m minipaged.chat`: a terminal chat that shows, on request, the pages behind it.
 
-Every turn renders the whole conversation with the model's chat template and streams the
-answer through `LLM.stream`. The earlier turns cost almost nothing: their full KV blocks stay in
-the prefix cache after each answer, so the next prompt maps those frames again and only its new
-tokens are computed. `/stats` and `/pages` show the numbers and the page table. Standard input
-that is not a terminal is read as one message per line, so scripts and tests can drive it:
-`echo "What is the capital of France?" | python -m minipaged.chat`.
+Each turn sends the whole conversation through `LLM.stream`; the earlier turns cost almost
+nothing, as the prefix cache finds their KV blocks again. `/stats` and `/pages` show it.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from minipaged.backend import fit_blas_threads
-from minipaged.engine import LLM
+from minipaged.llm import LLM
 from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
 from minipaged.viz import FrameMap
@@ -90,7 +86,7 @@ def load(args: argparse.Namespace) -> LLM:
     llm = LLM(str(folder), device=args.device, **{k: v for k, v in options.items() if v is not None})
     blocks = llm.engine.blocks
     say(f"ready on {llm.device} in {time.perf_counter() - start:.1f} s: KV cache of "
-        f"{blocks.device.num_blocks} frames × {blocks.block_size} tokens, context "
+        f"{blocks.num_frames} frames × {blocks.block_size} tokens, context "
         f"{llm.engine.max_model_len} tokens")
     return llm
 
@@ -227,7 +223,10 @@ def record(session: Session, answer: Answer) -> None:
 
 
 def say_to_model(session: Session, message: str) -> None:
-    """One turn: the message joins the conversation, the answer streams and joins it too."""
+    """One turn: the message joins the conversation, the answer streams and joins it too.
+    The whole conversation is rendered with the model's chat template, but the earlier turns
+    cost almost nothing: their full KV blocks stay in the prefix cache after each answer, so the
+    next prompt maps those frames again and only its new tokens are computed."""
     session.turns.append({"role": "user", "content": message})
     prompt_ids = fit_context(session)
     if prompt_ids is None:
@@ -262,16 +261,15 @@ def stats_text(session: Session) -> str:
         u = a.usage
         lines.append(f"  KV cache at its fullest: {u.allocated_slots // blocks.block_size} frames for "
                      f"{u.token_slots} tokens, utilization {u.utilization:.1%}")
-    total, free = blocks.device.num_blocks, blocks.num_free_frames
-    cache = blocks.device.prefix_cache
-    parked = len(cache.evictable) if cache else 0
+    total, free = blocks.num_frames, blocks.num_free_frames
+    parked = sum(state.cached for state in blocks.frame_states())
     lines.append(f"KV frames now: {total - free} used, {free} free of {total}, "
                  f"utilization {blocks.usage().utilization:.1%}")
     lines.append(f"  {parked} of the free frames keep prefix-cache blocks, reusable until needed")
     share = session.cached_tokens / session.prompt_tokens if session.prompt_tokens else 0.0
     lines.append(f"prefix-cache hits this conversation: {session.cached_tokens} of "
                  f"{session.prompt_tokens} prompt tokens ({share:.0%})"
-                 + ("" if cache else "; prefix caching is off"))
+                 + ("" if session.llm.engine.config.enable_prefix_caching else "; prefix caching is off"))
     return "\n".join(lines)
 
 
@@ -339,7 +337,9 @@ def run_command(session: Session, line: str) -> bool:
 # ---- the loop ---------------------------------------------------------------------------------
 
 def read_message(session: Session) -> str | None:
-    """The next line typed (or piped in); None at the end of input."""
+    """The next line typed (or piped in); None at the end of input. Standard input that is not
+    a terminal is read as one message per line, so scripts and tests can drive the chat:
+    `echo "What is the capital of France?" | python -m minipaged.chat`."""
     while True:
         try:
             return input("you> " if session.interactive else "")

@@ -44,7 +44,6 @@ class StepReport:
     cached_tokens: int                     # prompt tokens found in the prefix cache
     preempted: list[tuple[str, str]]       # (request_id, "recompute" / "swap")
     finished: list[RequestOutput]
-    new_text: dict[str, str]               # request_id -> text of its first sequence this step
     seconds: float
     padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
 

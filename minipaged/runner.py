@@ -1,22 +1,51 @@
 """The model runner: one forward step of many sequences over the paged KV cache.
 
-On the path of a request this sits between the scheduler and the model. The scheduler chose the
-sequences and how many new tokens each brings; the block manager gave those tokens slots. Here
-the step becomes flat arrays (token ids, positions, slot_mapping, block_tables, context_lens),
-the step's memory moves (swaps, copy-on-write) are made first, and the model runs with `PagedAttention` in every
-layer. The model never sees an allocator, only these arrays.
+`prepare(batch)` turns the scheduler's batch into the step's flat arrays (token ids, positions,
+slot_mapping, block_tables, context_lens), asking the block manager only for each sequence's
+page table and slots; `run` makes the model compute logits. The model never sees an allocator.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from minipaged.attention import get_attention
 from minipaged.backend import to_numpy
 from minipaged.model import Model
-from minipaged.paging import KVCache, MemoryMoves, StepArrays
+from minipaged.paging import BlockManager, KVCache, MemoryMoves
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Everything one forward step reads, flat: row i of the step is one sequence."""
+    token_ids: list[int]      # (num_tokens,) every row's new tokens, one row after another
+    positions: np.ndarray     # (num_tokens,) each new token's position in its sequence
+    slot_mapping: np.ndarray  # (num_tokens,) int32: where each new token's K and V go (-1: nowhere)
+    block_tables: np.ndarray  # (num_seqs, max_blocks) int32, padded with -1
+    context_lens: np.ndarray  # (num_seqs,) int32: tokens each row attends to
+    query_lens: list[int]     # (num_seqs,) new tokens of each row
+
+
+def step_inputs(blocks: BlockManager, seq_ids: list, num_new_tokens: list[int], context_lens: list[int] | None = None,
+                writes: list[bool] | None = None, token_ids: list[list[int]] | None = None) -> StepInputs:
+    """Flat inputs of one step: row i computes the last num_new_tokens[i] of the first
+    context_lens[i] tokens of sequence seq_ids[i] (default: all it holds; a prompt chunk stops
+    short). A row with writes[i] False (a static batch's padding) is computed but gets slot -1."""
+    ends = context_lens or [blocks.num_tokens(s) for s in seq_ids]
+    writes = writes or [True] * len(seq_ids)
+    tables = [blocks.block_table(s) for s in seq_ids]
+    block_tables = np.full((len(tables), max(map(len, tables), default=0)), -1, dtype=np.int32)
+    slots = []
+    for i, (seq_id, n, end, table) in enumerate(zip(seq_ids, num_new_tokens, ends, tables, strict=True)):
+        block_tables[i, :len(table)] = table
+        slots += blocks.slots(seq_id, end - n, end) if writes[i] else [-1] * n
+    positions = [p for n, end in zip(num_new_tokens, ends) for p in range(end - n, end)]
+    return StepInputs([t for tokens in token_ids or [] for t in tokens], np.array(positions, dtype=np.int64),
+                      np.array(slots, dtype=np.int32), block_tables, np.array(ends, dtype=np.int32),
+                      list(num_new_tokens))
 
 
 class PagedAttention:
@@ -27,13 +56,13 @@ class PagedAttention:
     def __init__(self, kv_cache: KVCache, impl, head_dim: int):
         self.kv, self.impl, self.scale = kv_cache, impl, 1.0 / math.sqrt(head_dim)
 
-    def set_step(self, arrays: StepArrays, query_lens: list[int]) -> None:
+    def set_step(self, inputs: StepInputs) -> None:
         xp = self.kv.xp
-        self.slot_mapping = xp.asarray(arrays.slot_mapping)     # (num_tokens,)
-        self.block_tables = xp.asarray(arrays.block_tables)     # (num_seqs, max_blocks)
-        self.context_lens = xp.asarray(arrays.context_lens)     # (num_seqs,)
-        self.query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-        self.decode_only = all(n == 1 for n in query_lens)
+        self.slot_mapping = xp.asarray(inputs.slot_mapping)     # (num_tokens,)
+        self.block_tables = xp.asarray(inputs.block_tables)     # (num_seqs, max_blocks)
+        self.context_lens = xp.asarray(inputs.context_lens)     # (num_seqs,)
+        self.query_start_loc = np.concatenate([[0], np.cumsum(inputs.query_lens)]).astype(np.int32)
+        self.decode_only = all(n == 1 for n in inputs.query_lens)
 
     def __call__(self, layer: int, q, k, v):
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]  # (num_blocks, block_size, kvh, hd)
@@ -48,8 +77,8 @@ class PagedAttention:
 class ModelRunner:
     """Runs the model over a paged KVCache; `attention` defaults to the device's implementation."""
 
-    def __init__(self, model: Model, kv_cache: KVCache, attention=None):
-        self.model, self.kv = model, kv_cache
+    def __init__(self, model: Model, kv_cache: KVCache, blocks: BlockManager, attention=None):
+        self.model, self.kv, self.blocks = model, kv_cache, blocks
         impl = attention or get_attention(model.device)
         self.attention = PagedAttention(kv_cache, impl, model.config.head_dim)
 
@@ -58,15 +87,18 @@ class ModelRunner:
         implementation's copy_blocks kernel) before any of its K or V is written."""
         self.kv.apply(moves, self.attention.impl.copy_blocks)
 
-    def step(self, new_tokens: list[list[int]], arrays: StepArrays) -> np.ndarray:
-        """Logits (num_seqs, vocab) of each sequence's last token.
+    def prepare(self, batch) -> StepInputs:
+        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens; then the
+        padding rows of a static batch, which compute their last token again and write nothing."""
+        rows = [(s.seq, s.num_new_tokens, s.seq.num_computed + s.num_new_tokens, True) for s in batch.scheduled]
+        rows += [(seq, 1, seq.num_computed, False) for _, seq in batch.padding]
+        seqs, lens, ends, writes = zip(*rows)
+        return step_inputs(self.blocks, [seq.seq_id for seq in seqs], list(lens), list(ends), list(writes),
+                           [seq.token_ids[end - n:end] for seq, n, end, _ in rows])
 
-        new_tokens[i] are the last len(new_tokens[i]) tokens of sequence i's context_lens[i]
-        (a whole uncached prompt at prefill, one token at decode); `arrays` come from
-        BlockManager.step_arrays (padding rows, if any, follow the real ones)."""
-        query_lens = [len(t) for t in new_tokens]
-        positions = np.concatenate([np.arange(c - n, c) for c, n in zip(arrays.context_lens, query_lens)])
-        last_rows = np.cumsum(query_lens) - 1                   # (num_seqs,) row of each last token
-        self.attention.set_step(arrays, query_lens)
-        flat = [t for tokens in new_tokens for t in tokens]     # (num_tokens,)
-        return to_numpy(self.model.forward(flat, positions, self.attention, logits_indices=last_rows))
+    def run(self, inputs: StepInputs) -> np.ndarray:
+        """Logits (num_seqs, vocab) of each row's last token."""
+        last_rows = np.cumsum(inputs.query_lens) - 1            # (num_seqs,) row of each last token
+        self.attention.set_step(inputs)
+        return to_numpy(self.model.forward(inputs.token_ids, inputs.positions, self.attention,
+                                           logits_indices=last_rows))

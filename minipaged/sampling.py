@@ -1,9 +1,7 @@
 """How the next token is chosen: `SamplingParams` (vLLM's names) and the sampler.
 
-The last stop of each step: logits of the rows that need a token become token ids. Greedy when
-temperature is 0; otherwise temperature, then top-k, then top-p, then a draw from each
-sequence's own random generator, so a seeded request gets the same tokens whatever else is in
-the batch. (Beam search is not a sampler: the engine keeps the best beams, see engine.py.)
+The last stop of each step: logits of the rows that need a token become token ids (`sample`).
+Beam search is not a sampler: the engine keeps the best beams (beam.py).
 """
 
 from __future__ import annotations
@@ -117,7 +115,9 @@ def make_generator(params: SamplingParams, sample_index: int = 0) -> np.random.G
 
 def sample(logits: np.ndarray, params: list[SamplingParams],
            generators: list[np.random.Generator]) -> list[int]:
-    """One token id per row of logits (rows, vocab), float32 on the host."""
+    """One token id per row of logits (rows, vocab), float32 on the host. Greedy when temperature
+    is 0; otherwise temperature, then top-k, then top-p, then a draw from each sequence's own
+    random generator, so a seeded request gets the same tokens whatever else is in the batch."""
     tokens = logits.argmax(axis=-1).tolist()  # greedy for all rows; sampled rows overwrite
     for row, (p, gen) in enumerate(zip(params, generators)):
         if not p.greedy:

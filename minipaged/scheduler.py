@@ -1,40 +1,18 @@
-"""The continuous batcher: at every step, decide which sequences run and how many tokens each.
+"""The continuous batcher (Orca's iteration-level scheduling over vLLM's paged memory).
 
-Iteration-level scheduling (Orca, OSDI 2022) over paged memory (vLLM, SOSP 2023). Three queues,
-first come first served: `waiting` (not yet in memory), `running` (frames on the device) and
-`swapped` (frames in host memory). Each `schedule()` call, in this order:
-
-1. Running requests each get a slot for their next token. When frames run out, the most
-   recently admitted request is preempted: by *recompute* (its frames are freed and it goes
-   back to the front of `waiting`; its prompt and generated tokens are prefilled again later)
-   or by *swap* (its frames are copied to host memory and it waits in `swapped`).
-2. If nobody was preempted, swapped requests come back first, oldest first.
-3. If nobody is swapped out, waiting requests are admitted while their frames fit (keeping a
-   small watermark of free frames so running sequences can grow), within `max_num_seqs`
-   sequences and `max_num_batched_tokens` tokens per step.
-
-Prefill and decode are mixed in one step: the runner flattens all sequences' new tokens into
-one batch anyway, so a newly admitted prompt joins the running decodes at once instead of
-making them wait a step. A prompt is computed in one step, unless `chunked_prefill`: then
-decodes go first and prompts take what is left of the `max_num_batched_tokens` budget, a chunk
-per step, so a long prompt no longer stalls every running decode for one long step. While a
-prompt is part-computed nobody else is admitted (a prefix-cache hit on its blocks would read K
-and V not written yet), and it is never preempted (it needs no new frame to finish).
-
-The allocator behind `blocks` may be paged, or contiguous (minipaged.paging.contiguous): then
-admission reserves each request's chunk up front and also asks whether one piece fits.
-
-The same scheduler runs the pre-Orca baseline under the `STATIC` policy: a batch is formed
-only when the last one is done, reserves its whole run's memory up front, and its finished
-sequences stay in it as padding rows until its longest member finishes.
+Each step, `schedule()` picks the batch and the frames it needs; after the forward pass,
+`update()` appends the sampled tokens, forks beams and finishes sequences. The engine and the
+simulator call the same two. The policy is told in full at `Scheduler`.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from minipaged.paging import BlockManager, MemoryMoves
+from minipaged import beam
+from minipaged.paging import BlockManager, MemoryMoves, check_size
 from minipaged.sequence import Request, Sequence, Status
 
 
@@ -84,7 +62,7 @@ POLICIES = {p.name: p for p in (CONTINUOUS, STATIC)}
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 4096
+    max_num_batched_tokens: int = 0      # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
     preemption_mode: str = "recompute"   # or "swap"
     watermark: float = 0.01              # fraction of frames admission leaves free
     max_model_len: int = 2048            # the longest a sequence may grow
@@ -96,12 +74,43 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"scheduler must be one of {sorted(POLICIES)}, got {self.policy!r}")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+        if self.chunked_prefill and self.policy == "static":
+            raise ValueError("enable_chunked_prefill needs scheduler='continuous': a static batch "
+                             "is formed once, so there are no running decodes to share steps with")
+        if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        check_size("max_num_seqs", self.max_num_seqs, minimum=1)
+        check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
+        if not self.max_num_batched_tokens:
+            self.max_num_batched_tokens = 512 if self.chunked_prefill else max(4096, self.max_model_len)
+        if self.max_num_batched_tokens < self.max_model_len and not self.chunked_prefill:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
+                             f"{self.max_model_len}: a long prompt could never be prefilled (unless "
+                             "enable_chunked_prefill=True)")
 
 
 class Scheduler:
-    """Batching over a BlockManager (see the module docstring for the policy)."""
+    """Batching over a BlockManager. Three queues, first come first served: `waiting` (not
+    yet in memory), `running` (frames on the device) and `swapped` (frames in host memory).
+    Each `schedule()`, in this order:
+
+    1. Running requests each get a slot for their next token. When frames run out, the most
+       recently admitted request is preempted: by *recompute* (its frames are freed and it goes
+       back to the front of `waiting`, to be prefilled again later) or by *swap* (its frames
+       are copied to host memory and it waits in `swapped`).
+    2. If nobody was preempted, swapped requests come back first, oldest first.
+    3. If nobody is swapped out, waiting requests are admitted while their frames fit (keeping
+       a small watermark of free frames so running sequences can grow), within `max_num_seqs`
+       sequences and `max_num_batched_tokens` tokens per step.
+
+    Prefill and decode share a step: a newly admitted prompt joins the running decodes at once.
+    With `chunked_prefill`, decodes go first and a prompt takes what is left of the token budget,
+    a chunk per step; while a prompt is part-computed nobody else is admitted (a prefix-cache hit
+    on its blocks would read K and V not written yet) and it is never preempted. A contiguous
+    allocator (paging.contiguous) reserves each request's chunk at admission. Under the `STATIC`
+    policy a batch forms only when the last one is done, reserves its whole run's memory up
+    front, and keeps its finished sequences as padding rows until its longest member finishes.
+    """
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager):
         self.config, self.blocks, self.policy = config, blocks, POLICIES[config.policy]
@@ -111,6 +120,7 @@ class Scheduler:
         self.padding: list[tuple[Request, Sequence]] = []  # static: finished rows of the batch
         self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}  # (seq, samplers) left
         self.watermark_frames = int(config.watermark * blocks.num_frames)
+        self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -131,17 +141,40 @@ class Scheduler:
         batch.padding = list(self.padding)
         return batch
 
-    def finish_seq(self, request: Request, seq: Sequence) -> None:
-        """A sequence is done: its frames go back at once (static: at the end of its batch)."""
-        if self.policy.keeps_finished_rows and self.blocks.has(seq.seq_id):
-            self.padding.append((request, seq))
-        else:
-            self.free_seq(seq)
+    def new_seq_id(self) -> int:
+        return next(self.seq_ids)
 
-    def free_seq(self, seq: Sequence) -> None:
-        """Release a sequence's frames now (a pruned beam, the end of a batch, an abort)."""
-        if self.blocks.has(seq.seq_id):
-            self.blocks.free(seq.seq_id, seq.num_computed)
+    def update(self, batch: Batch, tokens: dict[Sequence, int], stopped=frozenset(),
+               beams: dict[Request, beam.BeamStep] | None = None) -> list[Request]:
+        """After the forward pass: every scheduled sequence's new tokens now have K and V in the
+        cache; each sampler appends its token (a beam search applies its BeamStep instead) and
+        finishes if it is in `stopped` (eos, a stop string) or at its length limit. Returns the
+        requests that finished, in the order they ran."""
+        request_of = {}
+        for scheduled in batch.scheduled:
+            scheduled.seq.num_computed += scheduled.num_new_tokens  # (a prompt chunk samples nothing)
+            for seq in scheduled.samplers:  # forked samples share the prompt's cache
+                seq.num_computed = len(scheduled.seq.token_ids)
+                request_of[seq] = scheduled.request
+        for seq, token in tokens.items():
+            seq.token_ids.append(token)
+            request = request_of[seq]
+            if seq in stopped:
+                self._finish_seq(request, seq, "stop")
+            elif len(seq.output_ids) >= request.params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
+                self._finish_seq(request, seq, "length")
+        for request, step in (beams or {}).items():
+            self._apply_beam_step(request, step)
+        finished = [r for r in dict.fromkeys(s.request for s in batch.scheduled) if not r.live]
+        for request in finished:
+            self.finish(request)
+        return finished
+
+    def abort(self, request: Request) -> None:
+        """Stop a request now, wherever it is, and free its frames."""
+        for seq in request.live:
+            self._finish_seq(request, seq, "abort")
+        self.finish(request)
 
     def finish(self, request: Request) -> None:
         """A request whose sequences are all finished (or aborted) leaves its queue. A static
@@ -153,8 +186,58 @@ class Scheduler:
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
-                self.free_seq(seq)
+                self._free_seq(seq)
             self.padding.clear()
+
+    # ---- sequences: fork, finish, free ----------------------------------------------------
+    def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
+        """fork(): the child maps all of the parent's frames (ref counts +1); the first write
+        into a shared frame copies it. Samples fork at admission, beams when they branch."""
+        self.blocks.fork(parent.seq_id, child.seq_id)
+        child.num_computed = parent.num_computed
+        return child
+
+    def _apply_beam_step(self, request: Request, step: beam.BeamStep) -> None:
+        """Apply one step of beam search (minipaged.beam): fork, extend and drop beams."""
+        p = request.params
+        for c in step.done:
+            request.done_beams.append(Sequence(-1, c.parent.token_ids + [c.token], c.parent.prompt_len,
+                                               cumulative_logprob=c.score, finish_reason="stop"))
+        for seq in step.drop:
+            seq.finish_reason = "pruned"
+            self._free_seq(seq)
+        live = []
+        for c in step.fork + step.extend:  # children fork before their parent appends
+            seq = c.parent
+            if c in step.fork:
+                seq = self._fork(c.parent, Sequence(self.new_seq_id(), list(c.parent.token_ids),
+                                                    c.parent.prompt_len))
+            seq.token_ids.append(c.token)
+            seq.cumulative_logprob = c.score
+            live.append(seq)
+        request.seqs = live
+        for i, seq in enumerate(live):
+            seq.index = i
+        max_output_len = min(p.max_tokens, self.config.max_model_len - len(request.prompt_token_ids))
+        if beam.is_over(live, request.done_beams, p.beam_width, max_output_len):
+            for seq in live:
+                at_limit = len(seq.output_ids) >= max_output_len
+                self._finish_seq(request, seq, "length" if at_limit else "pruned")
+                if at_limit:
+                    request.done_beams.append(seq)
+
+    def _finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
+        """A sequence is done: its frames go back at once (static: at the end of its batch)."""
+        seq.finish_reason = reason
+        if self.policy.keeps_finished_rows and self.blocks.has(seq.seq_id):
+            self.padding.append((request, seq))
+        else:
+            self._free_seq(seq)
+
+    def _free_seq(self, seq: Sequence) -> None:
+        """Release a sequence's frames now (a pruned beam, the end of a batch, an abort)."""
+        if self.blocks.has(seq.seq_id):
+            self.blocks.free(seq.seq_id, seq.num_computed)
 
     # ---- the three phases ---------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
@@ -250,8 +333,7 @@ class Scheduler:
             seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, self._final_len(request))
             batch.cached_tokens += seq.num_computed
         for seq in live[len(mapped):]:
-            self.blocks.fork(first.seq_id, seq.seq_id)
-            seq.num_computed = first.num_computed
+            self._fork(first, seq)
         if not first.output_ids:  # first admission: later ones find generated tokens cached too
             request.num_cached_tokens = first.num_computed
         request.status = Status.RUNNING

@@ -1,7 +1,6 @@
 """What the scheduler schedules: a `Request` (a user's prompt and parameters) and its
-`Sequence`s (the n samples, or the live beams), each with the tokens it holds so far and how
-many of them have their K and V in the cache. The engine fills them; the scheduler moves
-requests between its queues by their `Status`.
+`Sequence`s (the n samples, or the live beams), each with its tokens so far and how many of
+them have their K and V in the cache. The scheduler moves requests between queues by `Status`.
 """
 
 from __future__ import annotations
@@ -56,7 +55,6 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
-    arrival: int = 0
     status: Status = Status.WAITING
     num_cached_tokens: int = 0      # prompt tokens found in the prefix cache at first admission
     done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses

@@ -33,8 +33,9 @@
 # %%
 from IPython.display import Markdown, display
 
-from minipaged.paging import BlockManager, NoFreeFramesError
 from minipaged.bench.workload import make_workload, simulate_memory
+from minipaged.paging import BlockManager, NoFreeFramesError
+from minipaged.runner import step_inputs
 from minipaged.viz import FrameMap, LineChart, PageTableView
 
 # %% [markdown]
@@ -65,7 +66,7 @@ print(PageTableView(manager, ["s1"]))
 # %%
 usage = manager.usage()
 display(Markdown(
-    f"s1 holds {manager.tables['s1'].num_tokens} tokens in {len(manager.block_table('s1'))} frames: "
+    f"s1 holds {manager.table_view('s1').num_tokens} tokens in {len(manager.block_table('s1'))} frames: "
     f"{usage.allocated_slots} slots allocated, {usage.internal_waste} of them empty. That empty tail "
     f"of the last block is the only memory paging ever wastes."))
 
@@ -81,7 +82,7 @@ rows = []
 for token in range(200, 208):                       # 8 generated tokens
     before = len(manager.block_table("s1"))
     slot, _ = manager.append_slot("s1", token)        # _: a copy-on-write pair, for shared frames
-    rows.append((manager.tables["s1"].num_tokens, slot, len(manager.block_table("s1")) > before))
+    rows.append((manager.table_view("s1").num_tokens, slot, len(manager.block_table("s1")) > before))
 display(Markdown("| tokens | slot | frame | offset | new frame? |\n|---|---|---|---|---|\n" + "\n".join(
     f"| {n} | {slot} | {slot // block_size} | {slot % block_size} | {'**yes**' if taken else ''} |"
     for n, slot, taken in rows)))
@@ -115,13 +116,13 @@ display(Markdown(
 # %% [markdown]
 # ## What the kernel gets
 #
-# The model never sees these objects. For each forward step, the block manager flattens them
-# into arrays: `block_tables`, one row of frames per sequence padded with -1; `slot_mapping`,
+# The model never sees these objects. For each forward step, the model runner asks the block
+# manager for each page table and slot and flattens them (`minipaged.runner.step_inputs`) into arrays: `block_tables`, one row of frames per sequence padded with -1; `slot_mapping`,
 # where each new token's key and value go; `context_lens`, how many tokens each sequence
 # attends to.
 
 # %%
-arrays = manager.step_arrays(["s1", "s2"], num_new_tokens=[1, 1])  # a decode step: one new token each
+arrays = step_inputs(manager, ["s1", "s2"], num_new_tokens=[1, 1])  # a decode step: one new token each
 print("block_tables:\n", arrays.block_tables)
 print("slot_mapping:", arrays.slot_mapping)
 print("context_lens:", arrays.context_lens)
@@ -137,7 +138,7 @@ frame = int(arrays.block_tables[1, p // block_size])
 assert frame * block_size + p % block_size == arrays.slot_mapping[1]
 display(Markdown(
     f"s2's newest token, position {p}, is in logical block {p // block_size} → frame {frame}, offset "
-    f"{p % block_size}: slot {frame * block_size + p % block_size}, the slot `step_arrays` gave for it "
+    f"{p % block_size}: slot {frame * block_size + p % block_size}, the slot `step_inputs` gave for it "
     f"({arrays.slot_mapping[1]})."))
 
 # %% [markdown]
@@ -241,7 +242,7 @@ display(Markdown(
 # %% [markdown]
 # **Exercise 2.** Where does token 9 (counting from 0) of s2 live? Work its slot out by hand from
 # `manager.block_table("s2")` and the block size, then ask s2's page table:
-# `manager.tables["s2"].slot(9)`.
+# `manager.slots("s2", 9, 10)`.
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>
@@ -250,7 +251,7 @@ display(Markdown(
 # frames = manager.block_table("s2")
 # by_hand = frames[9 // block_size] * block_size + 9 % block_size
 # print(f"s2's frames {frames}: block {9 // block_size}, offset {9 % block_size} -> slot {by_hand}; "
-#       f"the page table says {manager.tables['s2'].slot(9)}")
+#       f"the page table says {manager.slots('s2', 9, 10)[0]}")
 # ```
 #
 # </details>

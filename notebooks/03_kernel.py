@@ -37,12 +37,13 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from minipaged.attention import emulated, kernels, reference
-from minipaged.bench.kernel import Shape
 from minipaged.backend import cuda_available
+from minipaged.bench.kernel import Shape
 from minipaged.model.config import ModelConfig
-from minipaged.viz.demo import two_sequences
-from minipaged.viz import BarChart, PageTableView
 from minipaged.model.weights import load_weights, resolve_model
+from minipaged.runner import step_inputs
+from minipaged.viz import BarChart, PageTableView
+from minipaged.viz.demo import two_sequences
 
 SOURCE = kernels.SOURCES["paged_attention"].read_text().splitlines()
 
@@ -158,16 +159,16 @@ PageTableView(manager, seqs)
 
 # %%
 rng = np.random.default_rng(0)
-cache_shape = (manager.device.num_blocks, block_size, num_kv_heads, head_dim)
+cache_shape = (manager.num_frames, block_size, num_kv_heads, head_dim)
 k_cache = np.full(cache_shape, np.nan, np.float32)  # (num_blocks, block_size, num_kv_heads, head_dim)
 v_cache = np.full(cache_shape, np.nan, np.float32)
-lengths = [manager.tables[s].num_tokens for s in seqs]
-every_token = manager.step_arrays(seqs, lengths)  # the slot of every token of both sequences
+lengths = [manager.table_view(s).num_tokens for s in seqs]
+every_token = step_inputs(manager, seqs, lengths)  # the slot of every token of both sequences
 k = rng.standard_normal((sum(lengths), num_kv_heads, head_dim)).astype(np.float32)  # (tokens, kv_heads, head_dim)
 v = rng.standard_normal((sum(lengths), num_kv_heads, head_dim)).astype(np.float32)
 emulated.write_kv(k, v, k_cache, v_cache, every_token.slot_mapping)
 
-arrays = manager.step_arrays(seqs, [1, 1])  # a decode step: each sequence's last token asks
+arrays = step_inputs(manager, seqs, [1, 1])  # a decode step: each sequence's last token asks
 q = rng.standard_normal((len(seqs), num_heads, head_dim)).astype(np.float32)  # (num_seqs, num_heads, head_dim)
 scale = 1 / np.sqrt(head_dim)
 print("block_tables:\n", arrays.block_tables)

@@ -61,7 +61,7 @@ prompt_ids = llm.tokenizer.encode_chat([{"role": "user", "content": "Give me a n
 engine.add_request("cat", {"prompt_token_ids": prompt_ids},
                    SamplingParams(n=4, temperature=0.8, top_p=0.95, seed=1, max_tokens=16))
 print(engine.step())   # the prefill: one sequence computed, three forked from it
-samples = list(blocks.tables)  # the four samples' sequence ids
+samples = blocks.seq_ids()  # the four samples' sequence ids
 display(FrameMap(blocks), PageTableView(blocks, samples[:2]))
 
 # %%
@@ -71,8 +71,8 @@ tail = len(prompt_ids) % blocks.block_size
 display(Markdown(
     f"The prompt's {len(prompt_ids)} tokens fill {len(prompt_frames)} frames, {prompt_frames}, the last "
     f"one {tail} of {blocks.block_size} slots full. All {len(samples)} page tables list the same frames, "
-    f"and their reference counts are {blocks.device.ref_counts[prompt_frames].tolist()} "
-    f"(`blocks.device.ref_counts`): {len(prompt_frames)} frames hold what {len(samples)} copies would, "
+    f"and their reference counts are {blocks.table_view(samples[0]).ref_counts} "
+    f"(`blocks.table_view(seq_id).ref_counts`): {len(prompt_frames)} frames hold what {len(samples)} copies would, "
     f"{len(samples) * len(prompt_frames)} frames."))
 
 # %% [markdown]
@@ -102,7 +102,7 @@ display(Markdown(
     f"frames: the samples' last frames are now {list(last.values())}. Sequence {in_place[0]} kept frame "
     f"{prompt_frames[-1]}, the last writer. The {len(prompt_frames) - 1} full frames "
     f"{prompt_frames[:-1]} still have reference count "
-    f"{blocks.device.ref_counts[prompt_frames[0]]}."))
+    f"{blocks.table_view(samples[0]).ref_counts[0]}."))
 
 
 # %% [markdown]
@@ -118,8 +118,9 @@ def serve(engine) -> tuple[dict, list[int], list[int]]:
     outputs, used, private = {}, [], []
     while engine.has_unfinished_requests():
         report = engine.step()
-        used.append(engine.blocks.device.num_blocks - engine.blocks.num_free_frames)
-        private.append(sum(len(table.frames) for table in engine.blocks.tables.values()))
+        blocks = engine.blocks
+        used.append(blocks.num_frames - blocks.num_free_frames)
+        private.append(blocks.unshared_frames())
         outputs |= {output.request_id: output for output in report.finished}
     return outputs, used, private
 
@@ -127,7 +128,7 @@ def serve(engine) -> tuple[dict, list[int], list[int]]:
 outputs, sample_used, sample_private = serve(engine)
 for completion in outputs["cat"].outputs:
     print(f"sample {completion.index}: {completion.text!r}")
-assert blocks.num_free_frames == blocks.device.num_blocks  # every frame came back
+assert blocks.num_free_frames == blocks.num_frames  # every frame came back
 
 # %% [markdown]
 # ## Beam search

@@ -43,7 +43,7 @@ from minipaged.viz import FrameMap, LineChart, Timeline
 llm = LLM(num_blocks=128)  # a pool of 128 frames of 16 token slots: small enough to see whole
 engine, blocks = llm.engine, llm.engine.blocks
 print(f"{llm.model_name} on {llm.device} ({llm.dtype}), loaded in {llm.load_seconds:.1f} s; "
-      f"KV pool of {blocks.device.num_blocks} frames x {blocks.block_size} slots")
+      f"KV pool of {blocks.num_frames} frames x {blocks.block_size} slots")
 
 # %% [markdown]
 # ## The requests
@@ -87,8 +87,8 @@ peak = None
 start = time.perf_counter()
 while engine.has_unfinished_requests():
     reports.append(engine.step())
-    used.append(blocks.device.num_blocks - blocks.num_free_frames)
-    unshared.append(sum(len(t.frames) for t in blocks.tables.values()))
+    used.append(blocks.num_frames - blocks.num_free_frames)
+    unshared.append(blocks.unshared_frames())
     outputs |= {o.request_id: o for o in reports[-1].finished}
     if used[-1] == max(used):
         peak = (reports[-1].step, blocks.usage(), copy.deepcopy(blocks))
@@ -121,7 +121,7 @@ frame_bytes = bytes_per_frame(llm.model.config.num_layers, llm.model.config.num_
                               llm.model.config.head_dim, blocks.block_size, dtype="float16")
 slabs = len(prompts) * max_len // blocks.block_size  # frames a max_model_len slab per request takes
 display(Markdown(
-    f"- At step {peak_step}, **{max(used)} frames** were in use for {len(peak_blocks.tables)} sequences; without "
+    f"- At step {peak_step}, **{max(used)} frames** were in use for {len(peak_blocks.seq_ids())} sequences; without "
     f"sharing they would have taken {unshared[peak_step]}. {peak_usage.shared_frames} frames were mapped by "
     f"several sequences.\n"
     f"- Of the slots allocated then, **{peak_usage.utilization:.1%}** held a token's key and value "

@@ -23,7 +23,7 @@ from minipaged.bench.kernel import SHAPES
 from minipaged.viz.demo import reused_frames, two_sequences
 from minipaged.paging import BlockManager, StaticBlockManager
 from minipaged.bench.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
-from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline, svg_document
+from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 MAX_MODEL_LEN, MAX_NUM_SEQS, BLOCK_SIZE = 2048, 64, 16  # the bench's and notebook 1's setting
@@ -116,7 +116,7 @@ def copied_on_write() -> BlockManager:
     """After forked(): each sample writes its first token into the shared, partly full last
     frame; all but the last writer copy it first."""
     manager = forked()
-    for seq_id in list(manager.tables):
+    for seq_id in manager.seq_ids():
         manager.append_slot(seq_id, 100)
     return manager
 
@@ -135,8 +135,8 @@ def sampling_saving(requests, num_samples: int) -> float:
         for _ in range(request.output_len):
             for sample in samples:
                 manager.append_slot(sample, 1)
-            used += manager.device.num_blocks - manager.num_free_frames
-            private += sum(len(table.frames) for table in manager.tables.values())
+            used += manager.num_frames - manager.num_free_frames
+            private += manager.unshared_frames()
         for sample in samples:
             manager.free(sample)
     return 1 - used / private
@@ -198,8 +198,9 @@ def serving(llm: LLM) -> tuple[LineChart, FrameMap]:
     used, unshared, peak = [], [], []
 
     def measure(engine):
-        used.append(engine.blocks.device.num_blocks - engine.blocks.num_free_frames)
-        unshared.append(sum(len(table.frames) for table in engine.blocks.tables.values()))
+        blocks = engine.blocks
+        used.append(blocks.num_frames - blocks.num_free_frames)
+        unshared.append(blocks.unshared_frames())
         if used[-1] > max(used[:-1], default=-1):
             peak[:] = [copy.deepcopy(engine.blocks)]
 
@@ -257,7 +258,7 @@ def write_figures(out: Path = FIGURES) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     pictures = figures()
     for name, picture in pictures.items():
-        (out / name).write_text(svg_document(picture) + "\n", encoding="utf-8")
+        (out / name).write_text(picture.svg() + "\n", encoding="utf-8")
         print(f"wrote {out / name}")
     return pictures
 

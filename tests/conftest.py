@@ -38,7 +38,7 @@ def smollm2():
 
     Always the GGUF, even where the hub is reachable: the stored transformers outputs were
     computed from that file, and its Q4_1 weights differ from the hub's bf16 ones."""
-    from minipaged.engine import LLM
+    from minipaged.llm import LLM
     from minipaged.model.offline import offline_default_model
     return LLM(str(offline_default_model()), device="cpu")
 

@@ -9,9 +9,8 @@ import types
 import pytest
 
 from checkpoints import write_checkpoint
-from minipaged import bench
+from minipaged.bench import cli as bench_cli
 from minipaged.bench import latency as bench_latency
-from minipaged.engine import LLM
 from minipaged.bench.workload import make_workload
 from minipaged.bench.simulate import PROFILES, poisson_trace, simulate
 
@@ -21,20 +20,16 @@ def folder(tmp_path_factory):
     return str(write_checkpoint(tmp_path_factory.mktemp("latency") / "tiny", max_positions=1024))
 
 
-def load_from(folder):
-    return lambda args, **options: (LLM(folder, device="cpu", **options), 1)
-
-
 def arguments(**options):
     defaults = dict(requests=12, rates=[0.5, 2, 8], systems=list(bench_latency.SYSTEMS), prompt_mean=32,
                     output_mean=32, kv_tokens=1024, max_model_len=256, max_num_seqs=16, seed=0, predict=True,
-                    svg=None, json=True)
+                    svg=None, json=True, model=None, device="cpu")
     return types.SimpleNamespace(**defaults | options)
 
 
 def test_on_a_virtual_clock_the_engine_is_what_the_simulator_predicts(folder):
-    args = arguments()
-    result = bench_latency.bench_latency(args, load_from(folder), virtual=bench_latency.simulator_profile(args))
+    args = arguments(model=folder)
+    result = bench_latency.bench_latency(args, virtual=bench_latency.simulator_profile(args))
     systems = result["systems"]
     for name, points in systems.items():
         assert [p["rate"] for p in points] == args.rates
@@ -73,8 +68,8 @@ def test_each_point_is_predicted_from_steps_timed_at_the_other_rates():
 
 
 def test_latency_json_on_this_machines_clock(folder, capsys):
-    bench.main(["latency", "--json", "--model", folder, "--device", "cpu", "--requests", "5", "--rates", "4", "16",
-                "--systems", "paged", "static", "--kv-tokens", "1024", "--max-model-len", "256", "--predict"])
+    bench_cli.main(["latency", "--json", "--model", folder, "--device", "cpu", "--requests", "5", "--rates", "4", "16",
+                    "--systems", "paged", "static", "--kv-tokens", "1024", "--max-model-len", "256", "--predict"])
     result = json.loads(capsys.readouterr().out)
     assert list(result["systems"]) == ["paged", "static"]
     for points in result["systems"].values():
@@ -95,7 +90,7 @@ def test_the_fit_recovers_a_known_step_time_model():
 
 
 def test_calibrate_fits_timed_steps(folder, capsys):
-    bench.main(["calibrate", "--json", "--model", folder, "--device", "cpu", "--decode-steps", "3"])
+    bench_cli.main(["calibrate", "--json", "--model", folder, "--device", "cpu", "--decode-steps", "3"])
     result = json.loads(capsys.readouterr().out)
     assert result["steps"] == 3 * len(bench_latency.CALIBRATION_SHAPES)
     assert min(result["fixed"], result["per_token"], result["per_context"]) >= 0 and result["fixed"] > 0

@@ -11,7 +11,12 @@ import pytest
 from minipaged.model import Model
 from minipaged.paging import BlockManager, KVCache, MemoryMoves
 from minipaged.model.oracle import greedy_generate
-from minipaged.runner import ModelRunner
+from minipaged.runner import ModelRunner, step_inputs
+
+
+def inputs(manager, seq_ids, new_tokens):
+    """The step's flat inputs: each sequence computes its last len(new_tokens[i]) tokens."""
+    return step_inputs(manager, list(seq_ids), [len(t) for t in new_tokens], token_ids=new_tokens)
 
 
 def paged_greedy(model, prompts, max_tokens, block_size=4, num_blocks=256, forks=None,
@@ -20,10 +25,10 @@ def paged_greedy(model, prompts, max_tokens, block_size=4, num_blocks=256, forks
     c = model.config
     manager = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
     kv = KVCache(c.num_layers, num_blocks, c.num_kv_heads, c.head_dim, block_size, dtype=model.dtype, device="cpu")
-    runner = ModelRunner(model, kv, attention)
+    runner = ModelRunner(model, kv, manager, attention)
     hits = [manager.allocate(i, p) for i, p in enumerate(prompts)]
     new = [p[h:] for p, h in zip(prompts, hits)]
-    logits = runner.step(new, manager.step_arrays(range(len(prompts)), [len(t) for t in new]))
+    logits = runner.run(inputs(manager, range(len(prompts)), new))
     outs = {i: [int(row.argmax())] for i, row in enumerate(logits)}
     for child, parent in (forks or {}).items():  # parallel "samples" share the prompt's frames
         manager.fork(parent, child)
@@ -33,7 +38,7 @@ def paged_greedy(model, prompts, max_tokens, block_size=4, num_blocks=256, forks
         copies = [cow for i in ids if (cow := manager.append_slot(i, outs[i][-1])[1])]
         copies_seen += len(copies)
         runner.move(MemoryMoves(copies=copies))
-        logits = runner.step([[outs[i][-1]] for i in ids], manager.step_arrays(ids, [1] * len(ids)))
+        logits = runner.run(inputs(manager, ids, [[outs[i][-1]] for i in ids]))
         for i, row in zip(ids, logits):
             outs[i].append(int(row.argmax()))
     return outs, {"hits": hits, "copies": copies_seen}

@@ -6,9 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from minipaged import bench
-from minipaged.paging import (BlockAllocator, BlockManager, KVCache, MemoryMoves, NoFreeFramesError, PrefixCache,
-                              StaticBlockManager, bytes_per_frame, num_blocks_for_memory)
+from minipaged.bench import cli as bench_cli
+from minipaged.paging import (BlockAllocator, BlockManager, ContiguousBlockManager, KVCache, MemoryMoves,
+                              NoFreeFramesError, PrefixCache, StaticBlockManager, bytes_per_frame,
+                              num_blocks_for_memory)
 from minipaged.paging import prefix_cache as prefix_cache_module
 
 
@@ -62,16 +63,21 @@ def test_a_frame_is_taken_only_when_the_last_one_is_full():
     assert manager.num_free_frames == 6
 
 
-def test_step_arrays_pad_block_tables_and_map_new_tokens_to_slots():
+def test_step_inputs_pad_block_tables_and_map_new_tokens_to_slots():
+    from minipaged.runner import step_inputs
     manager = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     manager.allocate("a", range(6))   # frames 0, 1
     manager.allocate("b", range(3))   # frame 2
-    step = manager.step_arrays(["a", "b"], [6, 1])
-    assert step.block_tables.dtype == np.int32 and step.block_tables.tolist() == [[0, 1], [2, -1]]
-    assert step.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 10]
-    assert step.context_lens.tolist() == [6, 3]
-    with pytest.raises(ValueError, match="holds 3 tokens; cannot compute its last 4"):
-        manager.step_arrays(["b"], [4])
+    manager.allocate("c", range(2))   # frame 3: a padding row, computed but written nowhere
+    step = step_inputs(manager, ["a", "b", "c"], [6, 1, 1], writes=[True, True, False],
+                       token_ids=[list(range(6)), [2], [1]])
+    assert step.block_tables.dtype == np.int32 and step.block_tables.tolist() == [[0, 1], [2, -1], [3, -1]]
+    assert step.slot_mapping.tolist() == [0, 1, 2, 3, 4, 5, 10, -1]
+    assert step.context_lens.tolist() == [6, 3, 2] and step.positions.tolist() == [0, 1, 2, 3, 4, 5, 2, 1]
+    assert step.token_ids == [0, 1, 2, 3, 4, 5, 2, 1] and step.query_lens == [6, 1, 1]
+    assert manager.slots("a", 4, 6) == [4, 5]   # a prompt chunk: tokens 4 and 5 only
+    with pytest.raises(ValueError, match="holds 3 tokens; it has no slots for tokens 0..3"):
+        manager.slots("b", 0, 4)
 
 
 # ---- fork and copy-on-write -------------------------------------------------------------------
@@ -284,12 +290,71 @@ def test_the_static_baseline_cannot_grow_past_its_reservation():
 
 
 def test_memory_benchmark_paging_uses_over_96_percent_static_far_less(capsys):
-    assert bench.main(["memory", "--json"]) == 0
+    assert bench_cli.main(["memory", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["workload"]["requests"] == 1000
     assert result["paged"]["utilization"] >= 0.96
     assert 0.1 < result["static"]["utilization"] < 0.4
     assert result["paged"]["mean"]["token_slots"] == pytest.approx(result["static"]["mean"]["token_slots"])
+
+
+# ---- views: what pictures and dashboards read -------------------------------------------------------
+
+def owners_by_frame(manager) -> list:
+    return [(s.frame, s.owners, s.cached, s.reserved) for s in manager.frame_states()]
+
+
+def test_views_show_who_maps_a_forked_frame_and_its_ref_count():
+    manager = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    manager.allocate("a", range(6))                 # frames 0, 1
+    manager.fork("a", "b")
+    manager.append_slot("b", 6)                     # copy-on-write: b's block 1 -> frame 2
+    assert owners_by_frame(manager) == [(0, ["a", "b"], False, False), (1, ["a"], False, False),
+                                        (2, ["b"], False, False), (3, [], False, False)]
+    assert [s.free for s in manager.frame_states()] == [False, False, False, True]
+    view = manager.table_view("b")
+    assert (view.seq_id, view.frames, view.num_tokens, view.swapped) == ("b", [0, 2], 7, False)
+    assert view.ref_counts == [2, 1]                # frame 0 shared with a
+    assert manager.seq_ids() == ["a", "b"]
+    view.frames.append(3)                           # a copy: the manager does not change
+    assert manager.block_table("b") == [0, 2]
+
+
+def test_a_freed_full_block_stays_cached_only_with_prefix_caching():
+    for caching in (False, True):
+        manager = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=caching)
+        manager.allocate("a", range(9))             # frames 0, 1 full, 2 holds 1 token
+        manager.free("a")
+        assert [s.cached for s in manager.frame_states()] == [caching, caching, False, False]
+        assert all(s.free != s.cached for s in manager.frame_states()) and manager.seq_ids() == []
+    manager.allocate("c", [0, 1, 2, 3, 99])         # (caching on) a hit on frame 0 takes it out of the cache
+    assert owners_by_frame(manager)[:2] == [(0, ["c"], False, False), (1, [], True, False)]
+
+
+def test_a_swapped_out_table_lists_host_frames_and_their_ref_counts():
+    manager = BlockManager(num_blocks=4, block_size=4, num_host_blocks=4)
+    manager.allocate("a", range(6))
+    manager.fork("a", "b")
+    manager.swap_out("a", "b")
+    view = manager.table_view("a")
+    assert view.swapped and view.ref_counts == [2, 2] and view.num_tokens == 6
+    assert view.frames == manager.table_view("b").frames   # host frames, shared there too
+    assert all(s.owners == [] for s in manager.frame_states()) and manager.seq_ids() == ["a", "b"]
+    manager.swap_in("a", "b")
+    first = manager.block_table("a")[0]
+    assert not manager.table_view("a").swapped and manager.frame_states()[first].owners == ["a", "b"]
+
+
+def test_the_baselines_views_show_their_reservations():
+    contiguous = ContiguousBlockManager(num_blocks=8, block_size=1, reservation="oracle")
+    contiguous.allocate("a", [5, 6, 7], final_len=6)  # a chunk of frames 0-5, three of them written
+    assert [(s.owners, s.reserved) for s in contiguous.frame_states()] == \
+        [(["a"], False)] * 3 + [([], True)] * 3 + [([], False)] * 2
+    assert contiguous.table_view("a").frames == [0, 1, 2] and contiguous.table_view("a").ref_counts == [1, 1, 1]
+    static = StaticBlockManager(num_slots=3 * 8, max_model_len=8)
+    static.allocate("a", range(3))
+    assert owners_by_frame(static) == [(0, ["a"], False, False), (1, [], False, False), (2, [], False, False)]
+    assert static.table_view("a").num_tokens == 3
 
 
 # ---- bad input --------------------------------------------------------------------------------------

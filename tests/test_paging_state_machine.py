@@ -71,7 +71,7 @@ class PagingMachine(RuleBasedStateMachine):
         assert cached % BLOCK == 0 and 0 <= cached < len(prompt)
         self.shadow[seq_id] = list(prompt)
         self.seen.append(list(prompt))
-        self.write(seq_id, self.manager.step_arrays([seq_id], [len(prompt) - cached]).slot_mapping, cached)
+        self.write(seq_id, self.manager.slots(seq_id, cached, len(prompt)), cached)
 
     # ---- rules ---------------------------------------------------------------------------
 

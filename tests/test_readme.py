@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from minipaged import bench, chat, simulate
+from minipaged import chat, simulate
+from minipaged.bench import cli as bench_cli
 from minipaged.serve import cli as serve_cli
 from minipaged.backend import cuda_available
 
@@ -65,7 +66,7 @@ def test_every_quoted_command_names_real_things(document, command):
             assert all((ROOT / w).exists() for w in words if w.startswith("tests/")), command
         else:
             module, args = words[words.index("-m") + 1], words[words.index("-m") + 2:]
-            parse = {"minipaged.chat": chat.parse_args, "minipaged.bench": bench.build_parser().parse_args,
+            parse = {"minipaged.chat": chat.parse_args, "minipaged.bench": bench_cli.build_parser().parse_args,
                      "minipaged.serve": serve_cli.build_parser().parse_args,
                      "minipaged.simulate": simulate.build_parser().parse_args}
             assert module in parse, f"{document} quotes {command!r}: no such command"
@@ -81,7 +82,7 @@ def run(*args, timeout=120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("command", [["minipaged.chat"], ["minipaged.bench"], ["minipaged.serve"],
-                                     *[["minipaged.bench", name] for name in bench.COMMANDS]])
+                                     *[["minipaged.bench", name] for name in bench_cli.COMMANDS]])
 def test_help_is_written_for_users(command):
     result = run(*command, "--help")
     assert result.returncode == 0 and result.stdout.startswith("usage: python -m " + command[0])
@@ -93,7 +94,7 @@ def test_help_is_written_for_users(command):
         for option in options:
             assert re.search(rf"{option} .*?\(default[ :][^)]+\)", result.stdout, re.S), option
     elif command == ["minipaged.bench"]:
-        for name, (*_, takes) in bench.COMMANDS.items():
+        for name, (*_, takes) in bench_cli.COMMANDS.items():
             assert name in result.stdout and takes.split()[0] in result.stdout
 
 

@@ -3,7 +3,7 @@ one arrow per logical block to its frame."""
 
 import re
 
-from minipaged.paging import BlockManager
+from minipaged.paging import BlockManager, ContiguousBlockManager
 from minipaged.viz import FrameMap, PageTableView
 
 
@@ -36,10 +36,19 @@ def test_frame_map_wraps_rows_at_per_row():
 
 def test_frame_map_html_is_an_svg_with_a_rect_and_a_tooltip_per_frame():
     html = FrameMap(forked_manager())._repr_html_()
-    assert html.count("<svg") == 1 and html.count("<rect") == 12
+    assert html.count("<svg") == 2 and html.count("<rect") == 12  # the figure, the cells drawn in it
     tooltips = re.findall(r"<title>(.*?)</title>", html)
     assert tooltips[0] == "frame 0: shared by 3: &#x27;a&#x27;, &#x27;b&#x27;, &#x27;c&#x27;"
     assert tooltips[5].startswith("frame 5: cached") and tooltips[6] == "frame 6: free"
+
+
+def test_a_contiguous_chunk_shows_its_reserved_frames():
+    manager = ContiguousBlockManager(num_blocks=8, block_size=2)
+    manager.allocate("a", range(3), final_len=8)    # a chunk of 4 frames, 2 written
+    title, row, *legend = str(FrameMap(manager)).splitlines()
+    assert title == "frame map: 8 frames × 2 slots; 4 used (0 shared), 0 cached, 4 free"
+    assert row.split()[1:] == ["A", "A", "r", "r", ".", ".", ".", "."]
+    assert "r = reserved, not written yet" in legend[-1]
 
 
 def test_page_table_text_lists_each_block_its_frame_fill_and_sharing():
@@ -66,3 +75,15 @@ def test_page_table_html_of_a_large_pool_draws_only_the_mapped_frames():
     manager.allocate("long", range(100))            # 7 frames
     html = PageTableView(manager, ["long"])._repr_html_()
     assert html.count("<rect") == 7 + 7
+
+
+def test_a_swapped_out_page_table_lists_its_host_frames():
+    manager = BlockManager(num_blocks=4, block_size=4, num_host_blocks=4)
+    manager.allocate("a", range(6))
+    manager.fork("a", "b")
+    manager.swap_out("a", "b")
+    lines = str(PageTableView(manager, ["a"])).splitlines()
+    assert lines[0] == "page table of 'a': 6 tokens in 2 blocks (swapped out: host frames)"
+    assert lines[1].split()[-2:] == ["shared", "×2"]             # b maps the same host frames
+    title, row, legend = str(FrameMap(manager)).splitlines()      # no device frame is theirs now;
+    assert row.split()[1:] == ["c", ".", ".", "."] and legend.startswith("2-9 = shared")  # the full one is cached

@@ -7,18 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from minipaged.paging import BlockManager
-from minipaged.viz import (
-    BAR_W,
-    FONT,
-    PLOT_W,
-    BarChart,
-    FrameMap,
-    LineChart,
-    PageTableView,
-    Timeline,
-    _ticks,
-    svg_document,
-)
+from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
+from minipaged.viz.charts import BAR_W, PLOT_W, _ticks
+from minipaged.viz.svg import FONT
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -122,9 +113,9 @@ def two_sequences() -> BlockManager:
     return manager
 
 
-def test_svg_document_of_a_frame_map_has_its_title_picture_and_legend():
+def test_the_svg_of_a_frame_map_has_its_title_picture_and_legend():
     picture = FrameMap(two_sequences())
-    root = ET.fromstring(svg_document(picture))
+    root = ET.fromstring(picture.svg())
     texts = [t.text for t in root.findall(f"{SVG}text")]
     assert texts[0] == picture.title()
     legend = str(picture).splitlines()[-2:]
@@ -136,16 +127,17 @@ def test_svg_document_of_a_frame_map_has_its_title_picture_and_legend():
     assert float(root.get("width")) >= float(inner.get("width"))
 
 
-def test_svg_document_of_a_page_table_view_keeps_its_arrows():
-    document = svg_document(PageTableView(two_sequences(), ["a", "b"]))
+def test_the_svg_of_a_page_table_view_has_its_caption_and_arrows():
+    document = PageTableView(two_sequences(), ["a", "b"]).svg()
     root = ET.fromstring(document)
     assert root.find(f"{SVG}text").text.startswith("page tables (A = 'a', B = 'b')")
     assert len(root.findall(f"{SVG}svg/{SVG}line")) == 3             # a: 2 blocks, b: 1
     assert "&#x27;a&#x27; block 1 -&gt; frame 2" in document
 
 
-def test_svg_document_of_a_chart_is_its_svg():
-    assert svg_document(breakdown()) == breakdown().svg() == breakdown()._repr_html_()
+def test_a_notebook_shows_each_picture_as_its_svg():
+    pictures = [breakdown(), block_sizes(), FrameMap(two_sequences()), PageTableView(two_sequences(), ["a"])]
+    assert all(picture._repr_html_() == picture.svg() for picture in pictures)
 
 
 def test_ipython_shows_the_text_chart_where_it_cannot_show_html():
@@ -165,7 +157,7 @@ def test_every_picture_is_drawn_for_a_projector():
     pictures = [breakdown(), block_sizes(), FrameMap(two_sequences()), PageTableView(two_sequences(), ["a", "b"]),
                 Timeline([report] * 3)]
     for picture in pictures:
-        document = svg_document(picture)
+        document = picture.svg()
         root = ET.fromstring(document)
         assert min(font_sizes(document)) >= 14 and FONT in font_sizes(document), type(picture).__name__
         assert root.get("viewBox") == f"0 0 {root.get('width')} {root.get('height')}"

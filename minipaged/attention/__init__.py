@@ -1,9 +1,17 @@
-"""Paged attention: attention that reads K/V from scattered frames through a block table.
+"""Paged attention, called by every attention layer of the model: K/V read from scattered
+frames through a block table. One contract (see `get_attention`), three modules with the same
+four functions: `reference` (NumPy, the specification; the choice on a CPU), `cuda` (cuda/*.cu
+through CuPy; the choice on a GPU) and `emulated` (the same kernels compiled for the CPU).
+"""
 
-One contract, three implementations, each a module with the same four functions:
-`reference` (NumPy, the specification; the model's choice on a CPU), `cuda` (the kernels of
-cuda/*.cu through cupy.RawModule; the model's choice on a GPU) and `emulated` (the same kernels
-compiled for the CPU, for tests and study). `get_attention(device)` returns the model's choice.
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def get_attention(device: str) -> ModuleType:
+    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for "cpu".
+    Every implementation is a module with the same four functions:
 
     write_kv(k, v, k_cache, v_cache, slot_mapping)            # in place
         k, v: (num_tokens, num_kv_heads, head_dim); slot_mapping: int32 (num_tokens,),
@@ -22,18 +30,10 @@ compiled for the CPU, for tests and study). `get_attention(device)` returns the 
         causal: a query at position p sees keys at positions 0..p
     copy_blocks(k_cache, v_cache, pairs)                       # in place, pairs: (src, dst) frames
 
-Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for `reference`
-and `emulated`, CuPy for `cuda`; q and the caches share one dtype (float32 or float16; the
-kernels take head_dim 64 or 128).
-"""
-
-from __future__ import annotations
-
-from types import ModuleType
-
-
-def get_attention(device: str) -> ModuleType:
-    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for "cpu"."""
+    Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for `reference`
+    and `emulated`, CuPy for `cuda`; q and the caches share one dtype (float32 or float16; the
+    kernels take head_dim 64 or 128).
+    """
     if device == "cuda":
         from . import cuda
         return cuda

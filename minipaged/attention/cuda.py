@@ -1,9 +1,7 @@
 """Paged attention on a CUDA GPU: the kernels of cuda/*.cu, compiled by NVRTC through CuPy.
 
-Each kernel instance (a name expression such as "paged_attention_v5<__half, 64, 3>") is compiled
-by cupy.RawModule the first time it is launched; CuPy keeps the binary in its on-disk cache, so
-later runs only load it. The launches (grids, arguments, the decode version rule) are those of
-kernels.py, the same the CPU emulation runs.
+What `get_attention("cuda")` returns. The launches (grids, arguments, the decode version rule)
+are those of kernels.py, the same the CPU emulation runs.
 """
 
 from __future__ import annotations
@@ -19,6 +17,9 @@ OPTIONS = ("-std=c++17",)
 
 @functools.cache
 def _kernel(name: str) -> cupy.RawKernel:
+    """The kernel instance `name` (a name expression such as "paged_attention_v5<__half, 64, 3>"),
+    compiled by cupy.RawModule at its first launch; CuPy keeps the binary in its on-disk cache,
+    so later runs only load it."""
     source = kernels.SOURCES[kernels.source_of(name)].read_text()
     module = cupy.RawModule(code=source, options=OPTIONS, name_expressions=(name,))
     return module.get_function(name)

@@ -1,10 +1,7 @@
 """Paged attention on a CPU by running the CUDA kernels themselves, for tests and for study.
 
-Each .cu file of cuda/ is compiled by the system C++ compiler together with
-cuda/emulate/cuda_shim.h (threadIdx, __syncthreads, warp shuffles, __half; every CUDA thread a
-fiber) into a shared library, once, cached under ~/.cache/minipaged/emulated by a hash of the
-sources. Its kernels are launched through ctypes with the very launches `cuda` uses
-(kernels.py). Slow (a few microseconds per thread and barrier), exact, and the same code.
+The .cu files compiled by the system C++ compiler with a shim header, launched through ctypes
+with the very launches `cuda` uses (kernels.py). Slow, exact, and the same code.
 """
 
 from __future__ import annotations
@@ -42,7 +39,11 @@ def _translation_unit(source: Path, names: tuple[str, ...]) -> str:
 
 @functools.cache
 def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
-    """A .cu file compiled for the CPU with its kernel instances `names`, built if not cached."""
+    """A .cu file compiled for the CPU with its kernel instances `names`, built if not cached.
+    The system C++ compiler builds it together with cuda/emulate/cuda_shim.h (threadIdx,
+    __syncthreads, warp shuffles, __half; every CUDA thread a fiber) into a shared library, once,
+    cached under ~/.cache/minipaged/emulated by a hash of the sources. Slow (a few microseconds
+    per thread and barrier) but exact."""
     unit = _translation_unit(source, names)
     inputs = [source.read_text(), *names, *(p.read_text() for p in sorted(SHIM_DIR.glob("*.h"))),
               " ".join(COMPILER)]                 # not the path: a copy elsewhere is the same

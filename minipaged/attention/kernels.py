@@ -1,9 +1,6 @@
 """How the kernels of cuda/*.cu are launched: their names, grids and arguments, and which decode
-version runs when none is asked for.
-
-Shared by `cuda` (CuPy arrays, kernels compiled by cupy.RawModule) and `emulated` (NumPy arrays,
-the same kernels compiled for the CPU): each hands in a `Launcher`, so both run exactly the same
-launches and the emulated tests check these lines too.
+version runs when none is asked for. Shared by `cuda` (CuPy) and `emulated` (NumPy): each builds
+a `Launcher`, so both run exactly the same launches and the emulated tests check these lines too.
 """
 
 from __future__ import annotations

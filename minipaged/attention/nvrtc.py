@@ -1,10 +1,7 @@
 """Compile the .cu kernels with NVRTC, no GPU needed: the check that runs on every machine.
 
-NVRTC is NVIDIA's runtime compiler, the one CuPy's RawModule calls on a GPU machine. Here it
-comes from the wheels of the `dev` extra: `nvidia-cuda-nvrtc-cu12` (the library),
-`nvidia-cuda-runtime-cu12` (for `cuda_fp16.h`) and `cuda-bindings` (the Python binding).
-`compile_cu` returns what ptxas reports for each kernel (registers, spills, shared memory) and
-each kernel's PTX; a compile error raises with NVRTC's log.
+NVRTC is NVIDIA's runtime compiler, the one CuPy's RawModule calls on a GPU machine; here it
+comes from the wheels of the `dev` extra (see `compile_cu`).
 """
 
 from __future__ import annotations
@@ -50,7 +47,11 @@ def cuda_include_dir() -> Path:
 
 
 def compile_cu(path: Path, names: list[str], arch: str = "sm_90") -> CompileResult:
-    """Compile the template instances `names` of a .cu file for `arch` (sm_80, sm_90, ...)."""
+    """Compile the template instances `names` of a .cu file for `arch` (sm_80, sm_90, ...):
+    what ptxas reports for each kernel (registers, spills, shared memory) and each kernel's PTX;
+    a compile error raises CompileError with NVRTC's log. Needs the `dev` extra's wheels:
+    `nvidia-cuda-nvrtc-cu12` (the library), `nvidia-cuda-runtime-cu12` (for `cuda_fp16.h`) and
+    `cuda-bindings` (the Python binding)."""
     if nvrtc is None:
         raise CompileError("the NVRTC binding is missing: pip install cuda-bindings "
                            "nvidia-cuda-nvrtc-cu12 (in minipaged's dev extra)")

@@ -1,8 +1,6 @@
-"""Paged attention in NumPy: the executable specification the kernels are tested against.
-
-Each sequence's keys and values are gathered from its frames through its block table into
-contiguous arrays; then attention is the usual softmax(q k^T * scale) v, in float32, over the
-positions each query may see. Vectorized over sequences, so the model also uses it on a CPU.
+"""Paged attention in NumPy: the executable specification the kernels are tested against, and
+what the model's attention layers run on a CPU. K/V are gathered through the block tables into
+contiguous arrays (`gather`), then attention is the usual softmax(q k^T * scale) v (`attend`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Random paged batches and a dense oracle, for the attention tests (CPU and GPU).
-
-`random_batch` lays out random K/V the way the engine would: frames taken in a random order,
-full blocks shared between two sequences (as after fork()), block tables padded with -1. With
-`poison`, every slot no sequence owns holds NaN, and so do a frame before and a frame after
-the cache: a kernel that reads outside a sequence's tokens, or through a -1 entry, returns NaN.
-`dense_attention` computes the same attention in float64 from contiguous K/V, with no paging.
+"""Random paged batches and a dense oracle, for the attention tests (CPU and GPU): off the path
+of a request, this is what the kernels are checked with. `random_batch` lays out K/V the way the
+engine would; `dense_attention` computes the same attention in float64 with no paging.
 """
 
 from __future__ import annotations
@@ -44,8 +40,11 @@ def random_batch(rng: np.random.Generator, context_lens, query_lens=None, *, num
                  q_per_kv: int, head_dim: int, block_size: int, dtype=np.float32,
                  share_prefix: bool = True, poison: bool = True, pad_blocks: int = 2) -> AttentionCase:
     """A batch of sequences with these context lengths; query_lens None means decode (one query
-    each). With share_prefix, sequence 1 maps the full blocks it has in common with sequence 0
-    to the same frames, and its K/V there are sequence 0's."""
+    each). Frames are taken in a random order; block tables are padded with -1. With
+    share_prefix, sequence 1 maps the full blocks it has in common with sequence 0 to the same
+    frames (as after fork()), and its K/V there are sequence 0's. With `poison`, every slot no
+    sequence owns holds NaN, and so do a frame before and a frame after the cache: a kernel that
+    reads outside a sequence's tokens, or through a -1 entry, returns NaN."""
     context_lens = [int(n) for n in context_lens]
     query_lens = [1] * len(context_lens) if query_lens is None else [int(n) for n in query_lens]
     kv_shape = (num_kv_heads, head_dim)

@@ -1,14 +1,8 @@
-"""The decode kernels on a GPU: seconds, GB/s and % of peak memory bandwidth for each version.
+"""`python -m minipaged.bench kernel`: the decode kernels on a GPU, GB/s and % of peak bandwidth.
 
 The habit of llm.c's dev/cuda: every version is first checked against a dense attention on the
-same K/V, then timed. Timing: CUDA events around back-to-back launches, after a warm-up, on
-working sets of at least 4x the L2 cache (small shapes rotate over copies of their cache), so
-each launch reads from device memory. `bytes` is what a decode step must move at least: K and V
-of every context token once per KV head, q, out, the block tables; GB/s = bytes / seconds.
-Baselines on the same shapes, K/V contiguous per sequence: `dense-v5`, our v5 through an
-identity block table (what the paging costs), and `dense-cupy`, softmax(q K^T) V with CuPy's
-matmuls (cuBLAS), the way a framework without an attention kernel computes it.
-Run by `python -m minipaged.bench kernel [--json]`.
+same K/V, then timed (CUDA events around back-to-back launches, after a warm-up, on working sets
+of at least 4x the L2 cache, so each launch reads from device memory); see bench_shape.
 """
 
 from __future__ import annotations
@@ -17,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+from tqdm import tqdm
 
 from minipaged.backend import cdiv
 from minipaged.attention import kernels
@@ -120,7 +115,13 @@ def seconds_per_call(calls, repeats: int) -> float:
 
 
 def bench_shape(shape: Shape, versions, repeats: int, device: dict) -> list[dict]:
-    """Rows for one shape: the two dense baselines, then each version (frames in random order)."""
+    """Rows for one shape: the two dense baselines, then each version (frames in random order).
+    `bytes` is what a decode step must move at least: K and V of every context token once per
+    KV head, q, out, the block tables; GB/s = bytes / seconds. The baselines, on the same K/V
+    contiguous per sequence: `dense-v5`, our v5 through an identity block table (what the
+    paging costs), and `dense-cupy`, softmax(q K^T) V with CuPy's matmuls (cuBLAS), the way a
+    framework without an attention kernel computes it. Small shapes rotate over copies of
+    their cache, to stay out of the L2."""
     import cupy as xp
     s, itemsize = shape, np.dtype(shape.dtype).itemsize
     pages = cdiv(s.context_len, BLOCK_SIZE)
@@ -195,10 +196,32 @@ def dense_attention(q, k, v, scale):
     return cupy.matmul(p.astype(q.dtype), v).reshape(num_seqs, num_heads, head_dim)
 
 
+def table(rows: list[dict]) -> str:
+    return (f"{rows[0]['device']}, peak {rows[0]['peak_gbps']:.0f} GB/s; * marks the version "
+            f"the rule picks\n{HEADER}\n" + "\n".join(format_row(row) for row in rows))
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--versions", default="1,2,3,4,5,6",
+                        help="decode kernel versions to time, comma-separated (default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="timed runs per version; the median is reported (default %(default)s)")
+
+
+def bench_kernel(args) -> list:
+    """Each version is first checked against dense attention, then timed on four shapes (SmolLM2
+    and Llama 3 8B batches, long contexts, an fp32 cache); one row per (shape, version). See
+    minipaged/bench/kernel.py."""
+    versions = [int(v) for v in args.versions.split(",")]
+    rows = []
+    for shape in tqdm(SHAPES, desc="kernel", unit="shape", delay=1):
+        rows += run(shapes=(shape,), versions=versions, repeats=args.repeats, verbose=False)
+    if not args.json:
+        print(table(rows))
+    return rows
+
+
 if __name__ == "__main__":      # python -m minipaged.bench.kernel kernel.json: the table
     import json
     import sys
-    saved = json.load(open(sys.argv[1]))
-    print(f"{saved[0]['device']}, peak {saved[0]['peak_gbps']:.0f} GB/s; * marks the version "
-          f"the rule picks\n{HEADER}")
-    print("\n".join(format_row(row) for row in saved))
+    print(table(json.load(open(sys.argv[1]))))

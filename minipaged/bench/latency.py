@@ -1,11 +1,8 @@
 """Latency under load, the paper's Figure 12 on the real engine: `python -m minipaged.bench latency`.
 
-Requests arrive as a Poisson process; the engine adds each one at its arrival time on this
-machine's clock and steps while work exists. For paged + continuous batching, Orca's
-contiguous-oracle + continuous batching, and static batching: normalized latency (mean of
-end-to-end latency / output length, s/token) against the request rate, and the end-to-end
-latency of the shortest quarter of requests. `--predict` puts the simulator (minipaged.simulate,
-profile cpu-smollm2) beside each point; `python -m minipaged.bench calibrate` fits that profile.
+Requests arrive as a Poisson process; the engine adds each at its arrival time on this machine's
+clock. `--predict` puts the simulator (minipaged.simulate, profile cpu-smollm2) beside each point;
+`python -m minipaged.bench calibrate` fits that profile to timed engine steps.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from minipaged.bench.paper import show
+from minipaged.bench.common import load, model_arguments, random_prompts, show
 from minipaged.bench.workload import make_workload
 from minipaged.bench.simulate import PROFILES, Profile, poisson_trace, simulate
 from minipaged.viz import LineChart
@@ -27,6 +24,7 @@ SYSTEMS = {"paged": {}, "contiguous-oracle": {"allocator": "contiguous-oracle"},
 
 
 def latency_arguments(parser) -> None:
+    model_arguments(parser)
     parser.add_argument("--requests", type=int, default=32, help="requests per run (default %(default)s)")
     parser.add_argument("--rates", type=float, nargs="+", default=[1, 2, 3, 4, 6],
                         help="request rates, req/s, Poisson (default %(default)s)")
@@ -48,9 +46,12 @@ def engine_options(args) -> dict:
                 max_num_seqs=args.max_num_seqs, enable_prefix_caching=False)
 
 
-def bench_latency(args, load, virtual=None) -> dict:
-    """Every system serves the same requests at the same arrival times, once per rate. `virtual`
-    (a Profile) replaces this machine's clock by the profile's step times (deterministic)."""
+def bench_latency(args, virtual: Profile | None = None) -> dict:
+    """Every system (paging and Orca's contiguous-oracle, both with continuous batching, and
+    static batching) serves the same requests at the same arrival times, once per rate: the
+    normalized latency (mean of end-to-end latency / output length, s/token) and the end-to-end
+    latency of the shortest quarter of requests."""
+    # virtual (tests): the profile's step times replace this machine's clock, deterministic
     specs = make_workload(args.requests, min_len=4, max_len=args.max_model_len // 2,
                           prompt_mean=args.prompt_mean, output_mean=args.output_mean, seed=args.seed)
     result = {"requests": args.requests, "kv_tokens": args.kv_tokens, "systems": {}}
@@ -96,11 +97,6 @@ def predict(args, specs, systems: dict, timed: dict, virtual: Profile | None) ->
     return {"fixed": profile.fixed, "per_token": profile.per_token, "per_context": profile.per_context,
             "steps": len(every), "fit_error_p50": fit_error(profile, every, 50),
             "fit_error_p90": fit_error(profile, every, 90)}
-
-
-def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(min(100, vocab // 4), min(10_000, vocab), s.prompt_len).tolist() for s in specs]
 
 
 def serve_trace(engine, arrivals, prompts, max_tokens, virtual: Profile | None = None,
@@ -207,11 +203,12 @@ CALIBRATION_STEPS = 12  # tokens generated per request of each shape
 
 
 def calibrate_arguments(parser) -> None:
+    model_arguments(parser)
     parser.add_argument("--decode-steps", type=int, default=CALIBRATION_STEPS,
                         help="tokens generated per request of each shape (default %(default)s)")
 
 
-def bench_calibrate(args, load) -> dict:
+def bench_calibrate(args) -> dict:
     """Times real engine steps of a few batch shapes (a prefill of `batch` prompts, then their
     decode steps) and fits the simulator's step-time model to them by least squares on the
     relative error: seconds = fixed + per_token x tokens computed + per_context x tokens attended."""

@@ -1,17 +1,14 @@
 """The paper's measurements, reproduced: `python -m minipaged.bench {fragmentation,chunked} [--json]`.
 
-- fragmentation: Figure 2 of the vLLM paper. One ShareGPT-like trace through each allocator
-  (Orca's max / pow2 / oracle chunks, and paging) with the real scheduler (minipaged.simulate);
-  where the KV slots are while requests wait: token states, reserved, internal, external.
-- chunked: the real engine with running decodes while long prompts arrive; the time per
-  output token of those decodes (p50 / p99) with and without chunked prefill.
-Each prints a text chart (and draws an SVG with --svg FILE); --json prints the numbers.
+fragmentation is Figure 2 of the vLLM paper, simulated; chunked runs the real engine, with and
+without chunked prefill. Each prints a text chart (and draws an SVG with --svg FILE).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from minipaged.bench.common import load, model_arguments, show
 from minipaged.bench.simulate import fragmentation
 from minipaged.viz import BarChart
 
@@ -27,19 +24,12 @@ def fragmentation_arguments(parser) -> None:
 
 
 def bench_fragmentation(args) -> dict:
+    """One ShareGPT-like trace through each allocator (Orca's max / pow2 / oracle chunks, and
+    paging) with the real scheduler (minipaged.simulate): where the KV slots are while requests
+    wait: token states, reserved, internal, external."""
     result = fragmentation(args.requests, args.block_size)
     show(args, fragmentation_chart(result), fragmentation_table(result))
     return result
-
-
-def show(args, chart, table: str) -> None:
-    """A benchmark's picture and table on stdout (not with --json), and the picture as SVG (--svg)."""
-    if not args.json:
-        print(chart)
-        print(table)
-    if args.svg:
-        with open(args.svg, "w") as f:
-            f.write(chart.svg())
 
 
 def fragmentation_chart(result: dict) -> BarChart:
@@ -58,6 +48,7 @@ def fragmentation_table(result: dict) -> str:
 
 
 def chunked_arguments(parser) -> None:
+    model_arguments(parser)
     parser.add_argument("--decodes", type=int, default=4, help="requests decoding throughout (default %(default)s)")
     parser.add_argument("--prompts", type=int, default=4, help="long prompts arriving (default %(default)s)")
     parser.add_argument("--prompt-len", type=int, default=768, help="tokens of each long prompt (default %(default)s)")
@@ -65,7 +56,7 @@ def chunked_arguments(parser) -> None:
                         help="max_num_batched_tokens with chunking (default %(default)s)")
 
 
-def bench_chunked(args, load) -> dict:
+def bench_chunked(args) -> dict:
     """Decodes run throughout; every few steps a long prompt arrives. Time per output token of
     the decoding requests (the steps' durations, as they see them) with and without chunks."""
     result = {}

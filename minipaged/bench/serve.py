@@ -1,10 +1,8 @@
 """`python -m minipaged.bench serve`: the server under load, continuous vs static batching.
 
-Starts `python -m minipaged.serve` in a process of its own, sends a mixed workload (random
-prompts, chat-like lengths) with Poisson arrivals through the official async `openai` client,
-streamed, and measures what vLLM's benchmark_serving measures: throughput, time to first token,
-time per output token and end-to-end latency. Then the same requests, at the same moments,
-through an engine in-process: the difference is what the HTTP layer costs.
+Starts `python -m minipaged.serve` in a process of its own, streams a mixed workload to it with
+Poisson arrivals through the official async `openai` client, and measures what vLLM's
+benchmark_serving measures; then the same requests through an engine in-process.
 """
 
 from __future__ import annotations
@@ -18,10 +16,12 @@ import time
 
 import numpy as np
 
+from minipaged.bench.common import random_prompts, serving_arguments
+from minipaged.bench.workload import make_workload
+
 
 def add_arguments(parser) -> None:
-    from minipaged.bench import _serving_arguments
-    _serving_arguments(parser)  # --model --device --requests --seed
+    serving_arguments(parser)  # --model --device --requests --seed
     parser.set_defaults(requests=32)
     parser.add_argument("--request-rate", type=float, default=8.0,
                         help="mean arrivals per second, Poisson (default %(default)s; inf: all at once)")
@@ -39,11 +39,9 @@ def add_arguments(parser) -> None:
 def workload(args, vocab: int):
     """(prompts as token ids, max_tokens of each, arrival offsets in seconds): the throughput
     benchmark's lengths, arrivals drawn from a Poisson process at args.request_rate."""
-    from minipaged.bench import _random_prompts
-    from minipaged.bench.workload import make_workload
     specs = make_workload(args.requests, min_len=8, max_len=args.max_model_len // 2,
                           prompt_mean=64, output_mean=128, seed=args.seed)
-    prompts = [p["prompt_token_ids"] for p in _random_prompts(specs, args.seed, vocab)]
+    prompts = random_prompts(specs, args.seed, vocab)
     rng = np.random.default_rng(args.seed + 1)
     gaps = rng.exponential(1 / args.request_rate, len(specs)) if np.isfinite(args.request_rate) else np.zeros(len(specs))
     return prompts, [s.output_len for s in specs], np.cumsum(gaps) - gaps[0]
@@ -139,7 +137,7 @@ def bench_serve(args) -> dict:
     an in-process engine given the same requests at the same moments."""
     from threadpoolctl import threadpool_limits
 
-    from minipaged.engine import LLM
+    from minipaged.llm import LLM
     from minipaged.sampling import SamplingParams
     from minipaged.model.weights import resolve_model
 

@@ -1,24 +1,7 @@
 """`python -m minipaged.simulate`: the real Scheduler and allocators on a virtual clock.
 
-No model runs. Each step, the scheduler picks its batch over real block managers (paged,
-contiguous chunks, static regions) exactly as in the engine; a step-time model says how long
-that batch would take; sampled tokens are dummies, and a request ends at its trace's output
-length. So the paper's experiments run at its scale: a Poisson trace of thousands of requests
-against OPT-13B's KV budget on an A100, or a million requests to see what a simulated one costs.
-
-Profiles:
-- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench
-  calibrate`): step time = fixed + per_token x new tokens + per_context x tokens attended. A CPU
-  does one thing at a time, so the three costs add up.
-- `opt-13b-a100`: a roofline *model*, not a measurement. A step takes the longer of its memory
-  time and its compute time, as a GPU overlaps the two:
-  - memory: OPT-13B's 26 GB of fp16 weights, plus 800 KB of K and V per context token, read at
-    A100-40GB bandwidth (1.555 TB/s), plus a small cost per KV frame attended (20% of a 16-token
-    frame's read time: the paper measured its paged kernel 20-26% slower than FasterTransformer's
-    at block size 16, Figure 18a), so small blocks cost more;
-  - compute: 2 x 13e9 FLOPs per new token at half the fp16 tensor-core peak (156 TFLOP/s).
-  The KV cache holds what the paper left for it (about 12 GB: 15,000 tokens). A swapped frame
-  crosses PCIe at 25 GB/s, plus 2 µs for each of its 2 x 40 copies (K and V of every layer).
+No model runs: the scheduler picks its batches over real block managers exactly as in the
+engine, and a step-time model (a Profile, see PROFILES_HELP) says how long each would take.
 """
 
 from __future__ import annotations
@@ -89,6 +72,21 @@ PROFILES = {
                            kv_slots=4096, max_model_len=2048, max_num_seqs=64),
     "opt-13b-a100": _opt13b_a100(),
 }
+PROFILES_HELP = """\
+profiles:
+- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench
+  calibrate`): step time = fixed + per_token x new tokens + per_context x tokens attended. A CPU
+  does one thing at a time, so the three costs add up.
+- `opt-13b-a100`: a roofline *model*, not a measurement. A step takes the longer of its memory
+  time and its compute time, as a GPU overlaps the two:
+  - memory: OPT-13B's 26 GB of fp16 weights, plus 800 KB of K and V per context token, read at
+    A100-40GB bandwidth (1.555 TB/s), plus a small cost per KV frame attended (20% of a 16-token
+    frame's read time: the paper measured its paged kernel 20-26% slower than FasterTransformer's
+    at block size 16, Figure 18a), so small blocks cost more;
+  - compute: 2 x 13e9 FLOPs per new token at half the fp16 tensor-core peak (156 TFLOP/s).
+  The KV cache holds what the paper left for it (about 12 GB: 15,000 tokens). A swapped frame
+  crosses PCIe at 25 GB/s, plus 2 µs for each of its 2 x 40 copies (K and V of every layer).
+"""
 
 
 @dataclass(slots=True)
@@ -144,9 +142,10 @@ class Simulator:
         num_blocks = profile.kv_slots // block_size
         self.blocks = make_block_manager(allocator, policy, num_blocks, block_size, profile.max_model_len,
                                          host_frames=num_blocks)
-        budget = max_num_batched_tokens or (512 if chunked_prefill else max(4096, profile.max_model_len))
-        self.scheduler = Scheduler(SchedulerConfig(profile.max_num_seqs, budget, preemption_mode, 0.01,
-                                                   profile.max_model_len, policy, chunked_prefill), self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=profile.max_num_seqs,
+                                                   max_num_batched_tokens=max_num_batched_tokens,
+                                                   preemption_mode=preemption_mode, max_model_len=profile.max_model_len,
+                                                   policy=policy, chunked_prefill=chunked_prefill), self.blocks)
         self.result = Result(system)
         self.params: dict[int, SamplingParams] = {}
         self.arrivals: dict[Request, float] = {}
@@ -190,18 +189,10 @@ class Simulator:
         self.result.steps += 1
         self.result.preemptions += len(batch.preempted)
         self.result.swapped_frames += swapped
-        for scheduled in batch.scheduled:
-            scheduled.seq.num_computed += scheduled.num_new_tokens
-            request = scheduled.request
-            for seq in scheduled.samplers:
-                seq.token_ids.append(0)
-                if len(seq.token_ids) - seq.prompt_len >= request.params.max_tokens:
-                    seq.finish_reason = "length"
-                    self.scheduler.finish_seq(request, seq)
-            if scheduled.samplers and not request.live:
-                self.scheduler.finish(request)
-                self.result.latencies.append(clock + seconds - self.arrivals.pop(request))
-                self.result.output_lens.append(request.params.max_tokens)
+        tokens = {seq: 0 for s in batch.scheduled for seq in s.samplers}  # a dummy token each
+        for request in self.scheduler.update(batch, tokens):
+            self.result.latencies.append(clock + seconds - self.arrivals.pop(request))
+            self.result.output_lens.append(request.params.max_tokens)
         return seconds
 
     def _context(self, batch: Batch) -> tuple[int, int]:
@@ -304,10 +295,22 @@ def ablations(profile: str | Profile, trace: str, num_requests: int, rate: float
                              for mode in ("recompute", "swap")}
 
 
+DESCRIPTION = """\
+The real Scheduler and allocators on a virtual clock. No model runs. Each step, the scheduler
+picks its batch over real block managers (paged, contiguous chunks, static regions) exactly as
+in the engine; a step-time model (--profile) says how long that batch would take; sampled
+tokens are dummies, and a request ends at its trace's output length. So the paper's experiments
+run at its scale: a Poisson trace of thousands of requests against OPT-13B's KV budget on an
+A100, or a million requests to see what a simulated one costs.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minipaged.simulate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m minipaged.simulate", description=DESCRIPTION,
+                                     epilog=PROFILES_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="opt-13b-a100", choices=sorted(PROFILES))
+    parser.add_argument("--profile", default="opt-13b-a100", choices=sorted(PROFILES),
+                        help="the step-time model (profiles: below)")
     parser.add_argument("--trace", default="sharegpt", choices=["sharegpt", "alpaca"])
     parser.add_argument("--requests", type=int, default=1000, help="requests per simulated run")
     parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1, 1.5, 2, 3, 4],

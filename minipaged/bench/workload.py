@@ -1,8 +1,7 @@
 """Synthetic request workloads, and a memory-only run of one through a block manager.
 
-Lengths vary like chat traffic: most requests short, a long tail of long ones, seeded so every
-run sees the same requests. `simulate_memory` runs them as a continuous batch that appends one
-token per sequence per step, and measures how much of the allocated KV memory holds tokens.
+Lengths vary like chat traffic (most requests short, a long tail of long ones), seeded so every
+run sees the same requests: what the benchmarks, the simulator and the notebooks send in.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def simulate_memory(manager: BlockManager, requests: list[RequestSpec], max_num_
             running[seq_id] = request.output_len
         if not running:
             raise ValueError(f"a prompt of {waiting[0][1].prompt_len} tokens never fits this pool "
-                             f"of {manager.device.num_blocks} frames: make the pool larger")
+                             f"of {manager.num_frames} frames: make the pool larger")
         for seq_id in running:
             manager.append_slot(seq_id, seq_id)
             running[seq_id] -= 1

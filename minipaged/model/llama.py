@@ -1,10 +1,7 @@
 """The Llama-family transformer, written once against `xp` (NumPy or CuPy).
 
-On the path of a request this is the middle: flat token ids and positions go in, logits for the
-positions that need them come out. All sequences of a step are flattened into one
-(num_tokens, hidden) matrix, so every projection is one 2-D matmul whatever the batch. The KV
-cache is not the model's business: each layer hands its q, k, v to an `attention` callable
-(a contiguous cache in `minipaged.model.oracle`, the paged cache in the engine).
+The middle of a request's path: flat token ids and positions in, logits out. The KV cache is not
+the model's business: each layer hands its q, k, v to an `Attention` callable.
 """
 
 from __future__ import annotations
@@ -21,6 +18,9 @@ from minipaged.model.weights import load_weights
 
 
 class Attention(Protocol):
+    """What each layer hands its q, k, v to: a contiguous cache in `minipaged.model.oracle`, the
+    paged cache in the engine."""
+
     def __call__(self, layer: int, q, k, v):
         """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) after RoPE -> (T, heads, head_dim).
 
@@ -86,7 +86,9 @@ class Model:
         return cls(ModelConfig.from_folder(folder), load_weights(folder), device, dtype)
 
     def forward(self, token_ids, positions, attention: Attention, logits_indices=None):
-        """token_ids, positions: int (T,) -> float32 logits (len(logits_indices) or T, vocab)."""
+        """token_ids, positions: int (T,) -> float32 logits (len(logits_indices) or T, vocab).
+        All sequences of a step are flattened into one (T, hidden) matrix, so every projection
+        is one 2-D matmul whatever the batch."""
         xp, c = self.xp, self.config
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]

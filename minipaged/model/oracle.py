@@ -1,9 +1,7 @@
 """The oracle: a plain contiguous KV cache, as inference engines kept it before paging.
 
-Each sequence owns one slab of `max_len` token slots per layer, reserved up front whether it is
-used or not. It is simple and obviously right, so it stays the specification every later
-optimisation (paging, batching, sharing, preemption) must reproduce token for token:
-`greedy_generate(model, prompt_ids)` is what the equivalence tests compare against.
+Simple and obviously right, so it stays the specification every later optimisation (paging,
+batching, sharing, preemption) must reproduce token for token (`greedy_generate`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,8 @@ from minipaged.backend import array_module
 
 
 class ContiguousKVCache:
-    """K and V of shape (layers, num_seqs, max_len, kv_heads, head_dim): one slab per sequence.
+    """K and V of shape (layers, num_seqs, max_len, kv_heads, head_dim): one slab per sequence,
+    reserved up front whether it is used or not.
 
     Call `begin_step(rows, query_lens)` before each forward pass: the pass's tokens are
     `query_lens[i]` new tokens of the sequence in slab `rows[i]`, in that order. The model then
@@ -41,13 +40,6 @@ class ContiguousKVCache:
             self.lengths[row] = start + n
             positions.extend(range(start, start + n))
         return positions
-
-    def copy_sequence(self, src: int, dst: int) -> None:
-        """Give slab `dst` a copy of slab `src` (parallel samples of one prompt, pre-paging style)."""
-        n = self.lengths[src]
-        self.k[:, dst, :n] = self.k[:, src, :n]
-        self.v[:, dst, :n] = self.v[:, src, :n]
-        self.lengths[dst] = n
 
     def __call__(self, layer: int, q, k, v):
         out = array_module(q).empty_like(q)  # (T, heads, head_dim)
@@ -85,7 +77,8 @@ def causal_attention(q, k, v, q_start: int):
 
 def greedy_generate(model, prompt_ids: list[int], max_tokens: int,
                     stop_token_ids=(), max_len: int | None = None) -> list[int]:
-    """Greedy tokens for one prompt, run alone with a contiguous cache: the oracle."""
+    """Greedy tokens for one prompt, run alone with a contiguous cache: the oracle, what the
+    equivalence tests compare the engine's tokens against."""
     xp = model.xp
     max_len = max_len or len(prompt_ids) + max_tokens
     cache = ContiguousKVCache(model.config, 1, max_len, xp, model.dtype)

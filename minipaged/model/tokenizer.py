@@ -1,8 +1,7 @@
 """Text in, token ids out, and back: `tokenizers` for the BPE, jinja2 for the chat template.
 
 The first and last stops on the path of a request: a chat becomes one prompt string through the
-model's own chat template (rendered the way transformers renders it), the string becomes ids;
-generated ids become text again, a few at a time while streaming.
+model's own chat template, then ids; generated ids become text again, a few at a time.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Finding a model and reading its weights: local folder, Hugging Face hub, or the offline GGUF.
 
-`resolve_model` turns what the user typed (None, a hub id, a folder) into a local Hugging Face
-layout folder; `load_weights` reads its safetensors into NumPy arrays by tensor name. Everything
-later on the path of a request sees only that folder and those arrays.
+`resolve_model` turns what the user typed into a local Hugging Face folder; `load_weights` reads
+its safetensors into NumPy arrays. Later stops of a request see only that folder and those arrays.
 """
 
 from __future__ import annotations

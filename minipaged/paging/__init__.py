@@ -1,6 +1,7 @@
 """Paged KV-cache memory, managed like virtual memory: frames, page tables, fork, copy-on-write,
-a prefix (page) cache and swap; beside them, the contiguous allocators paging replaced. The scheduler talks to BlockManager; the model gets the flat
-arrays of BlockManager.step_arrays and the KVCache arrays, never these objects.
+a prefix (page) cache and swap; beside them, the contiguous allocators paging replaced. The
+scheduler talks to BlockManager; the model sees only flat arrays (block_tables, slot_mapping)
+and the KVCache arrays, never these objects.
 """
 
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
@@ -8,13 +9,13 @@ from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.choice import ALLOCATORS, make_block_manager
 from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
 from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory, num_blocks_for_memory
-from minipaged.paging.manager import BlockManager, MemoryMoves, MemoryUsage, StepArrays
+from minipaged.paging.manager import BlockManager, FrameState, MemoryMoves, MemoryUsage, TableView
 from minipaged.paging.prefix_cache import PrefixCache, block_hash
 from minipaged.paging.static import StaticBlockManager
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
     "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
-    "StepArrays", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
+    "FrameState", "TableView", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
     "ContiguousBlockManager", "ALLOCATORS", "make_block_manager",
 ]

@@ -1,8 +1,7 @@
 """The frame allocator: a fixed pool of `num_blocks` frames, a free list and ref counts.
 
-A frame is one physical KV block (`block_size` token slots). Sequences map frames through
-their block tables; a frame shared by several tables has ref count > 1. With prefix caching
-on, a frame whose ref count falls to 0 stays findable by content until its memory is needed.
+A frame is one physical KV block (`block_size` token slots); the block tables take theirs here,
+under the block manager, and a frame shared by several tables has ref count > 1.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ def check_size(name: str, value: int, minimum: int = 1) -> int:
 
 
 class BlockAllocator:
-    """Hands out frames 0..num_blocks-1 and counts how many block tables map each one."""
+    """Hands out frames 0..num_blocks-1 and counts how many block tables map each one. With
+    prefix caching on, a frame whose ref count falls to 0 stays findable by content until its
+    memory is needed."""
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  enable_prefix_caching: bool = False):

@@ -1,8 +1,7 @@
 """The page table of one sequence: logical block i of its tokens lives in frame `frames[i]`.
 
-Demand paging: append_slot() takes a new frame only when the last one is full. Copy-on-write:
-a last frame shared with another table (ref count > 1) is first replaced by a private copy,
-reported as a (src, dst) pair for the KV cache to apply. fork() shares every frame.
+Demand paging (append_slot takes a frame only when the last one is full), fork (share every
+frame) and copy-on-write, under the block manager that keeps one table per sequence.
 """
 
 from __future__ import annotations
@@ -77,6 +76,8 @@ class BlockTable:
         return bool(self.frames) and self.allocator.ref_count(self.frames[-1]) > 1
 
     def _copy_on_write(self) -> CowPair:
+        """A last frame shared with another table (ref count > 1) is replaced by a private copy
+        before a token is written into it; the (src, dst) pair is for the KV cache to apply."""
         src = self.frames[-1]
         dst = self.allocator.allocate()  # may raise: nothing has changed yet
         self.allocator.free(src)

@@ -1,13 +1,6 @@
 """Contiguous KV memory, as before paging (Orca's baselines): each sequence reserves one chunk
-of consecutive slots up front, placed first-fit in one flat array of slots.
-
-How much a chunk holds is the allocator's guess of the sequence's final length: `max`
-reserves max_model_len, `pow2` the next power of two of the real final length, `oracle` exactly
-the real final length (prompt + max_tokens, capped by max_model_len). Slots kept for tokens
-still to come are `reserved_unused`; slots past the final length are internal fragmentation.
-A request whose chunk fits in no single gap although enough slots are free in total is refused:
-external fragmentation, counted in `refusals`. A chunk is a block table whose frames are
-consecutive, so the paged attention kernels read it unchanged; `block_size` 1 is slot-exact.
+of consecutive slots up front, placed first-fit in one flat array of slots. A block manager the
+scheduler (in the simulator and the memory benchmark) uses in place of the paged one.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import numpy as np
 
 from minipaged.paging.allocator import BlockAllocator, NoFreeFramesError, check_size
 from minipaged.paging.block_table import BlockTable
-from minipaged.paging.manager import BlockManager, MemoryUsage, SeqId
+from minipaged.paging.manager import BlockManager, FrameState, MemoryUsage, SeqId
 
 RESERVATIONS = ("max", "pow2", "oracle")
 
@@ -109,7 +102,16 @@ class ChunkTable(BlockTable):
 
 
 class ContiguousBlockManager(BlockManager):
-    """One chunk per sequence, sized by `reservation` (max / pow2 / oracle), first fit."""
+    """One chunk per sequence, sized by `reservation` (max / pow2 / oracle), first fit.
+
+    How much a chunk holds is the allocator's guess of the sequence's final length: `max`
+    reserves max_model_len, `pow2` the next power of two of the real final length, `oracle`
+    exactly the real final length (prompt + max_tokens, capped by max_model_len). Slots kept for
+    tokens still to come are `reserved_unused`; slots past the final length are internal
+    fragmentation. A request whose chunk fits in no single gap although enough slots are free in
+    total is refused: external fragmentation, counted in `refusals`. A chunk is a block table
+    whose frames are consecutive, so the paged attention kernels read it unchanged; `block_size`
+    1 is slot-exact."""
     can_fork = False
 
     def __init__(self, num_blocks: int, block_size: int = 1, reservation: str = "oracle",
@@ -171,3 +173,11 @@ class ContiguousBlockManager(BlockManager):
         return MemoryUsage(total_slots=self.device.num_blocks * self.block_size, allocated_slots=allocated,
                            token_slots=tokens, internal_waste=allocated - tokens - reserved,
                            reserved_unused=reserved, shared_frames=0)
+
+    def frame_states(self) -> list[FrameState]:
+        """BlockManager's, with the frames of each chunk that no token has reached yet reserved."""
+        states = super().frame_states()
+        for table in self.tables.values():
+            for frame in range(table.start + len(table.frames), table.start + table.size):
+                states[frame].reserved = True
+        return states

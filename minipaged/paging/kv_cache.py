@@ -1,9 +1,7 @@
 """KV storage: per layer, K and V arrays [num_blocks, block_size, num_kv_heads, head_dim].
 
-One allocation holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a
-host (NumPy) pool of the same shape for swapped-out frames. The block manager decides where
-tokens go; this module moves whole frames (a step's MemoryMoves: swaps and copy-on-write). New tokens' K and V are
-written into their slots by the attention layer (`write_kv` of minipaged.attention).
+The block manager decides where tokens go; before each forward step this module moves whole
+frames (the step's MemoryMoves: swaps and copy-on-write), and the attention layers read it.
 """
 
 from __future__ import annotations
@@ -55,7 +53,10 @@ def num_blocks_for_memory(kv_cache_memory: int, num_layers: int, num_kv_heads: i
 
 class KVCache:
     """K and V of every frame, every layer: k[layer] and v[layer] are [num_blocks, block_size,
-    num_kv_heads, head_dim] views; frame f, offset o is slot f * block_size + o."""
+    num_kv_heads, head_dim] views; frame f, offset o is slot f * block_size + o. One allocation
+    holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a host (NumPy)
+    pool of the same shape for swapped-out frames. New tokens' K and V are written into their
+    slots by the attention layer (`write_kv` of minipaged.attention), not here."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_host_blocks: int = 0,

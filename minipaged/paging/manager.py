@@ -1,16 +1,14 @@
 """The block manager: what the scheduler talks to (vLLM v0's BlockSpaceManager, kept small).
 
-One BlockTable per sequence, over a device pool of frames (the KV cache) and a host pool (swap
-space). Each call is all-or-nothing: when frames run out it raises NoFreeFramesError and changes
-nothing, so the scheduler can preempt and retry. Calls return what the KV cache must do
-(copy-on-write and swap pairs) and the flat arrays a forward step needs.
+One BlockTable per sequence over a device pool of frames and a host pool (swap space). Each call
+is all-or-nothing (NoFreeFramesError, nothing changed: preempt and retry).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,14 +17,6 @@ from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.prefix_cache import block_hash
 
 SeqId = Hashable
-
-
-@dataclass(slots=True)
-class StepArrays:
-    """The paging inputs of one forward step, for the model and the attention kernel."""
-    block_tables: np.ndarray  # (num_seqs, max_blocks) int32, padded with -1
-    slot_mapping: np.ndarray  # (num_new_tokens,) int32: where each new token's K and V go
-    context_lens: np.ndarray  # (num_seqs,) int32: tokens each sequence attends to
 
 
 @dataclass(slots=True)
@@ -54,8 +44,28 @@ class MemoryUsage:
         """Real token slots / allocated slots (0 when nothing is allocated)."""
         return self.token_slots / self.allocated_slots if self.allocated_slots else 0.0
 
-    def as_dict(self) -> dict:
-        return asdict(self) | {"utilization": self.utilization}
+
+@dataclass(slots=True)
+class FrameState:
+    """One device frame, as pictures and dashboards show it (a copy: changing it changes nothing)."""
+    frame: int
+    owners: list[SeqId]     # the sequences that map it; its ref count is len(owners)
+    cached: bool = False    # a prefix-cache block nobody maps: free, yet findable until reused
+    reserved: bool = False  # in a sequence's chunk, not written yet (the contiguous baseline)
+
+    @property
+    def free(self) -> bool:
+        return not (self.owners or self.cached or self.reserved)
+
+
+@dataclass(slots=True)
+class TableView:
+    """One sequence's page table (a copy): logical block i lives in frames[i]."""
+    seq_id: SeqId
+    frames: list[int]      # device frames, or host frames while swapped out
+    num_tokens: int
+    swapped: bool          # out in the host pool (preempted by swap)
+    ref_counts: list[int]  # per frame, in the pool the table lives in: > 1 is shared
 
 
 class BlockManager:
@@ -117,7 +127,7 @@ class BlockManager:
         (`final_len`, the longest it may grow, is for allocators that reserve up front).
         Returns how many leading tokens are cache hits (whole blocks, and always fewer than
         len(token_ids): the model must compute the last token to get its logits). Compute
-        the K and V of the rest: step_arrays(..., [len(token_ids) - hits]) gives their slots."""
+        the K and V of the rest: slots(seq_id, hits, len(token_ids)) gives where they go."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already exists: free() it first or use a new id")
         token_ids = list(token_ids)
@@ -190,33 +200,17 @@ class BlockManager:
         """The frames of a sequence on the device, in logical order."""
         return list(self._device_table(seq_id).frames)
 
-    def step_arrays(self, seq_ids: Sequence[SeqId], num_new_tokens: Sequence[int],
-                    padding: Sequence[SeqId] = (), context_lens: Sequence[int] | None = None) -> StepArrays:
-        """Flat inputs for one forward step over `seq_ids`: padded block tables, context lengths,
-        and the slots of each sequence's last num_new_tokens[i] tokens (the uncached prompt
-        tokens at prefill, 1 at decode), in order. `context_lens[i]` (default: all the tokens
-        its table holds) ends what sequence i attends to: a prompt chunk stops short of the
-        end. `padding` rows follow: sequences whose last token is computed again but written
-        nowhere (slot -1), as a fixed-shape batch does."""
-        num_new_tokens = list(num_new_tokens) + [1] * len(padding)
-        seq_ids = list(seq_ids) + list(padding)
-        tables = [self._device_table(s) for s in seq_ids]
-        ends = list(context_lens or [t.num_tokens for t in tables[:len(tables) - len(padding)]])
-        ends += [t.num_tokens for t in tables[len(ends):]]
-        max_blocks = max((len(t.frames) for t in tables), default=0)
-        block_tables = np.full((len(tables), max_blocks), -1, dtype=np.int32)  # (num_seqs, max_blocks)
-        slots = []
-        for i, (table, n, end) in enumerate(zip(tables, num_new_tokens, ends, strict=True)):
-            if not 0 <= n <= end <= table.num_tokens:
-                raise ValueError(f"sequence {seq_ids[i]!r} holds {table.num_tokens} tokens; cannot compute "
-                                 f"its last {n}" + (f" of the first {end}" if end != table.num_tokens else ""))
-            block_tables[i, :len(table.frames)] = table.frames
-            if i >= len(seq_ids) - len(padding):
-                slots.append(-1)
-            else:
-                slots += [table.slot(p) for p in range(end - n, end)]
-        return StepArrays(block_tables, np.array(slots, dtype=np.int32),
-                          np.array(ends, dtype=np.int32))  # context_lens (num_seqs,)
+    def num_tokens(self, seq_id: SeqId) -> int:
+        """Tokens the sequence's table holds (its K and V written, or slots given for them)."""
+        return self._table(seq_id).num_tokens
+
+    def slots(self, seq_id: SeqId, start: int, end: int) -> list[int]:
+        """The KV slots (frame * block_size + offset) of the sequence's tokens start..end-1."""
+        table = self._device_table(seq_id)
+        if not 0 <= start <= end <= table.num_tokens:
+            raise ValueError(f"sequence {seq_id!r} holds {table.num_tokens} tokens; it has no "
+                             f"slots for tokens {start}..{end - 1}")
+        return [table.slot(p) for p in range(start, end)]
 
     def frame_owners(self) -> dict[int, list[SeqId]]:
         """Device frame -> the sequences that map it (for pictures and checks)."""
@@ -310,3 +304,29 @@ class BlockManager:
         if table.allocator is not self.device:
             raise ValueError(f"sequence {seq_id!r} is swapped out to host memory: swap_in() it first")
         return table
+
+    # ---- views: copies of the state for pictures, dashboards and notebooks -------------------
+    # Code outside paging/ reads the manager through these and the public methods above, never
+    # through its tables or pools.
+
+    def seq_ids(self) -> list[SeqId]:
+        """The sequences that hold a block table (on the device or swapped out), oldest first."""
+        return list(self.tables)
+
+    def frame_states(self) -> list[FrameState]:
+        """Every device frame, in order: who maps it, and whether the prefix cache keeps it."""
+        owners, cache = self.frame_owners(), self.device.prefix_cache
+        return [FrameState(frame, owners.get(frame, []),
+                           cached=cache is not None and cache.is_parked(frame))
+                for frame in range(self.num_frames)]
+
+    def unshared_frames(self) -> int:
+        """Frames the sequences would hold with private copies, none shared: what fork() and
+        the prefix cache save is this minus the frames in use."""
+        return sum(len(table.frames) for table in self.tables.values())
+
+    def table_view(self, seq_id: SeqId) -> TableView:
+        """The page table of one sequence, with each frame's ref count."""
+        table = self._table(seq_id)
+        return TableView(seq_id, list(table.frames), table.num_tokens, swapped=self.is_swapped(seq_id),
+                         ref_counts=[table.allocator.ref_count(frame) for frame in table.frames])

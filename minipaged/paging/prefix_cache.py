@@ -1,8 +1,7 @@
 """The prefix cache (an OS page cache for KV blocks): full blocks are found again by content.
 
-A full block is named by a hash chained over (previous block's hash, this block's token ids),
-so equal hashes mean equal prefixes up to that block, and equal prefixes mean equal K and V.
-A new request maps the frames of its longest cached prefix instead of computing them again.
+When the block manager places a new prompt, it maps the frames of the prompt's longest cached
+prefix instead of computing them again.
 """
 
 from __future__ import annotations
@@ -11,7 +10,9 @@ from collections import OrderedDict
 
 
 def block_hash(prev_hash: int | None, token_ids) -> int:
-    """The name of a full block: its tokens chained to everything before it."""
+    """The name of a full block: its tokens chained to everything before it. The hash runs over
+    (previous block's hash, this block's token ids), so equal hashes mean equal prefixes up to
+    that block, and equal prefixes mean equal K and V."""
     return hash((prev_hash, tuple(token_ids)))
 
 

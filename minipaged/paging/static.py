@@ -1,8 +1,7 @@
 """The baseline before paging: each request reserves `max_model_len` contiguous slots up front.
 
-It is paging with one block of max_model_len slots per request, taken at the first token, so
-it shares BlockManager's machinery and accounting; the slots it holds for tokens that are not
-there yet are `reserved_unused`. Compare the two with `python -m minipaged.bench memory`.
+A block manager the scheduler can use in place of the paged one; compare the two with
+`python -m minipaged.bench memory`.
 """
 
 from __future__ import annotations
@@ -14,7 +13,10 @@ from minipaged.paging.manager import BlockManager, MemoryUsage, SeqId
 
 
 class StaticBlockManager(BlockManager):
-    """Regions of `max_model_len` slots (frame r = slots r*max_model_len ...), one per request."""
+    """Regions of `max_model_len` slots (frame r = slots r*max_model_len ...), one per request.
+    It is paging with one block of max_model_len slots per request, taken at the first token, so
+    it shares BlockManager's machinery and accounting; the slots it holds for tokens that are not
+    there yet are `reserved_unused`."""
 
     def __init__(self, num_slots: int, max_model_len: int = 2048):
         self.max_model_len = check_size("max_model_len", max_model_len)

@@ -1,4 +1,5 @@
-"""python -m minipaged.serve --help"""
+"""`python -m minipaged.serve`: the server's command line (cli.py); `--help` lists its options.
+"""
 
 import sys
 

@@ -1,10 +1,7 @@
 """The HTTP layer: OpenAI-shaped routes (FastAPI), /metrics, and the dashboard.
 
-The first stop of a request that comes over the network: the body is read (bounded), parsed and
-checked (protocol.py), the prompt tokenized (chat template for chat), and only then handed to
-the engine loop, whose updates come back through an asyncio queue and leave as one JSON
-response or as server-sent events. A client that disconnects aborts its requests. Nothing here
-touches the engine: the loop owns it.
+The first stop of a request that comes over the network: read (bounded), checked (protocol.py)
+and tokenized here, then handed to the engine loop; its updates leave as JSON or as SSE.
 """
 
 from __future__ import annotations
@@ -41,7 +38,10 @@ class ServerConfig:
 
 
 class Server:
-    """One engine, its loop thread and its watchers, behind one FastAPI app (`.app`)."""
+    """One engine, its loop thread and its watchers, behind one FastAPI app (`.app`). Nothing
+    here touches the engine: the loop owns it. In Python: `Server(engine, tokenizer,
+    ServerConfig(model_name=...))`, and `with ServerThread(server) as url:` (cli.py) serves it
+    from a thread of your process."""
 
     def __init__(self, engine, tokenizer, config: ServerConfig):
         self.config, self.tokenizer = config, tokenizer

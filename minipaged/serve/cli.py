@@ -127,7 +127,7 @@ class ServerThread:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from minipaged.engine import LLM
+    from minipaged.llm import LLM
     from minipaged.model.weights import DEFAULT_MODEL
     try:
         llm = LLM(args.model, device=args.device, **engine_options(args))

@@ -1,10 +1,7 @@
 """Snapshots of the engine for the live dashboard: frame map, page tables, queues, timeline.
 
-A watcher of the engine loop. After a step (at most about ten times a second, and once more
-when the engine falls idle) it reads the block manager and the scheduler's queues on the engine
-thread and publishes one plain dict. The dashboard page receives it as a server-sent event; a
-notebook can fetch it as JSON (/dashboard/snapshot). It names requests by id and counts their
-tokens; their text only when the server was started with --dashboard-show-text.
+A watcher of the engine loop: after a step it publishes one plain dict, which dashboard.html
+receives as a server-sent event and a notebook can fetch as JSON (/dashboard/snapshot).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import time
 from collections import deque
 from importlib import resources
 
-from minipaged.viz import PALETTE, FrameMap
+from minipaged.viz import PALETTE
 
 
 def page() -> str:
@@ -22,6 +19,11 @@ def page() -> str:
 
 
 class Dashboard:
+    """After a step (at most every `interval` seconds, about ten times a second, and once more
+    when the engine falls idle) it reads the block manager and the scheduler's queues on the
+    engine thread and publishes one plain dict as `latest`. It names requests by id and counts
+    their tokens; their text only with `show_text` (the server's --dashboard-show-text)."""
+
     def __init__(self, model_name: str, interval: float = 0.1, show_text: bool = False,
                  timeline_steps: int = 200):
         self.model_name, self.interval, self.show_text = model_name, interval, show_text
@@ -64,13 +66,13 @@ class Dashboard:
         requests = [(r, status) for status, queue in queues.items() for r in queue] + \
                    [(r, "padding") for r in padding]
         index_of = {seq.seq_id: i for i, (r, _) in enumerate(requests) for seq in r.seqs}
-        frames: list = [None] * blocks.num_frames
-        for frame, symbol in enumerate(symbol for symbol, _, _ in FrameMap(blocks).cells()):
-            if symbol == "c":
-                frames[frame] = "c"  # a cached prefix block nobody maps: free, but findable again
-        for frame, seq_ids in blocks.frame_owners().items():
-            owners = sorted({index_of[seq_id] for seq_id in seq_ids if seq_id in index_of})
-            frames[frame] = [len(seq_ids), *owners]  # [ref count, requests that map it]
+        frames: list = [None] * blocks.num_frames  # None: free
+        for state in blocks.frame_states():
+            if state.owners:
+                owners = sorted({index_of[seq_id] for seq_id in state.owners if seq_id in index_of})
+                frames[state.frame] = [len(state.owners), *owners]  # [ref count, requests that map it]
+            elif state.cached:
+                frames[state.frame] = "c"  # a cached prefix block nobody maps: free, but findable again
         span = now - self.recent[0][0] if len(self.recent) > 1 else 0.0
         queries = self.totals["prompt_tokens"]
         return {

@@ -1,9 +1,7 @@
 """The engine loop: one thread owns the LLMEngine; HTTP handlers talk to it through queues.
 
-vLLM's AsyncLLMEngine idea, small. Requests and aborts go in through one thread-safe queue
-(`inbox`). The thread adds them to the engine, steps while any request is unfinished and sleeps
-when none is. After each step it hands each request's new text to that request's own asyncio
-queue, on the HTTP server's event loop. Nothing else touches the engine, so it needs no lock.
+vLLM's AsyncLLMEngine idea, small: requests and aborts go in through one thread-safe queue, each
+request's new text comes out through its own asyncio queue (docs/06_serving.md tells the rest).
 """
 
 from __future__ import annotations
@@ -38,7 +36,10 @@ class Stream:
 
 
 class EngineLoop:
-    """Own `engine` on a thread of its own. `watchers` see every step and every finished request
+    """Own `engine` on a thread of its own: it takes requests and aborts from `inbox`, steps while
+    any request is unfinished and sleeps when none is; after each step it hands each request's
+    new text to that request's own asyncio queue, on the HTTP server's event loop. Nothing else
+    touches the engine, so it needs no lock. `watchers` see every step and every finished request
     on that thread (metrics, dashboard snapshots): `stepped(engine, report, idle)` and
     `finished(output, stream)`; they may read the engine, never change it."""
 

@@ -1,8 +1,6 @@
 """Prometheus metrics under vLLM's names with a `minipaged:` prefix, so dashboards built for
 `vllm serve` read them: `vllm:num_requests_running` here is `minipaged:num_requests_running`.
-
-A watcher of the engine loop: it is told of every step and every finished request on the
-engine thread, and reads the engine there; /metrics only renders the registry.
+A watcher of the engine loop, told of every step and every finished request.
 """
 
 from __future__ import annotations
@@ -20,7 +18,9 @@ TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 class Metrics:
-    """The registry of one server (tests run several in one process: no global registry)."""
+    """The registry of one server (tests run several in one process: no global registry). It is
+    told of every step and every finished request on the engine thread, and reads the engine
+    there; /metrics only renders the registry."""
 
     def __init__(self, model_name: str):
         self.registry = registry = CollectorRegistry()

@@ -2,8 +2,6 @@
 
 Requests are checked here, before they reach the engine loop: a wrong type, an unknown field or
 an unsupported option is an `APIError` (HTTP 400 and OpenAI's error JSON, naming the field).
-Fields and defaults follow vllm/entrypoints/openai/protocol.py, with vLLM's extensions `top_k`,
-`ignore_eos` and `stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -41,7 +39,9 @@ class StreamOptions(Strict):
 
 
 class SamplingFields(Strict):
-    """What completions and chat completions share."""
+    """What completions and chat completions share. Fields and defaults follow
+    vllm/entrypoints/openai/protocol.py, with vLLM's extensions `top_k`, `ignore_eos` and
+    `stop_token_ids`."""
     model: str | None = None
     n: int = 1
     max_tokens: int | None = None

@@ -1,0 +1,95 @@
+"""`python -m minipaged.bench NAME [--json]`: the command line of every benchmark.
+
+Each benchmark is a function `bench_<name>(args) -> dict` in its own module, registered below
+with its options; it prints a human summary itself (unless args.json) and returns what --json
+prints. Progress bars go to stderr, so stdout holds only the table or the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, throughput
+
+DESCRIPTION = """\
+Measure what the vLLM paper measures, on this machine: decode speed, KV-cache memory
+use, continuous vs static batching, frames saved by sharing, and the CUDA attention
+kernels. Each benchmark prints a short table on stdout and its progress on stderr;
+with --json it prints one JSON document on stdout instead of the table. Times are
+for the defaults with SmolLM2-135M on a quiet 2-core CPU (a GPU is much faster).
+`python -m minipaged.bench decode --help` explains one benchmark and its options."""
+
+EPILOG = """\
+examples:
+  python -m minipaged.bench decode --batch 16
+  python -m minipaged.bench throughput --requests 8 --json > throughput.json
+
+Run it inside the project's environment (`source .venv/bin/activate` after `make setup`), or
+through make: make bench-decode, bench-memory, bench-throughput, bench-sharing, bench-serve,
+bench-kernel."""
+
+COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it takes)
+    "decode": (decode.bench_decode, decode.add_arguments,
+               "decode speed: tokens/s of --batch greedy streams after one prefill",
+               "about 5 s (10 s at --batch 16)"),
+    "memory": (memory.bench_memory, memory.add_arguments,
+               "KV-cache utilization: paging vs reserving max_model_len slots per request (no model: "
+               "the block managers alone)", "about 1 s"),
+    "kernel": (kernel.bench_kernel, kernel.add_arguments,
+               "paged-attention decode kernels on a GPU: GB/s and % of peak memory bandwidth per "
+               "version, next to dense attention (needs a CUDA device)",
+               "under a minute on a GPU; without one it stops at once, saying so"),
+    "throughput": (throughput.bench_throughput, throughput.add_arguments,
+                   "continuous vs static batching on one mixed-length workload: tokens/s", "about 4 min"),
+    "sharing": (sharing.bench_sharing, sharing.add_arguments,
+                "frames saved by fork + copy-on-write: parallel sampling and beam search", "about 7 min"),
+    "serve": (serve.bench_serve, serve.add_arguments,
+              "the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency percentiles, "
+              "continuous vs static batching, and the in-process engine on the same requests",
+              "about 6 min"),
+    "fragmentation": (paper.bench_fragmentation, paper.fragmentation_arguments,
+                      "the paper's Figure 2: KV slots holding tokens, reserved, internal and external "
+                      "fragmentation, Orca's contiguous allocators vs paging (simulated, real scheduler)",
+                      "about 15 s"),
+    "chunked": (paper.bench_chunked, paper.chunked_arguments,
+                "decode time per output token (p50/p99) while long prompts arrive, with and without "
+                "chunked prefill", "about 2 min"),
+    "latency": (latency.bench_latency, latency.latency_arguments,
+                "the paper's Figure 12 on the real engine: normalized latency against Poisson request "
+                "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: "
+                "the simulator beside it)", "about 6 min"),
+    "calibrate": (latency.bench_calibrate, latency.calibrate_arguments,
+                  "fit the simulator's cpu-smollm2 step-time model to timed engine steps", "about 1 min"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per registered benchmark, each with --json."""
+    parser = argparse.ArgumentParser(prog="python -m minipaged.bench", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="name", required=True, title="benchmarks", metavar="BENCHMARK")
+    for name, (fn, add_arguments, help, takes) in COMMANDS.items():
+        p = sub.add_parser(name, help=f"{help} ({takes})".replace("%", "%%"),
+                           description=f"{help[0].upper()}{help[1:]}. {fn.__doc__ or ''} "
+                                       f"With the defaults it takes {takes}.")
+        p.add_argument("--json", action="store_true",
+                       help="print the result as one JSON document on stdout, instead of the table")
+        add_arguments(p)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    fn = COMMANDS[args.name][0]
+    try:
+        result = fn(args)
+    except SystemExit as stop:  # a benchmark that cannot run here says why: as JSON too
+        if args.json and isinstance(stop.code, str):
+            print(json.dumps({"benchmark": args.name, "error": stop.code}, indent=2))
+        raise
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    return 0

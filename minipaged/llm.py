@@ -1,0 +1,144 @@
+"""`LLM`, the front door (vLLM's shape): load a model, then `generate`, `chat` or `stream`.
+
+It owns one LLMEngine and steps it until its callers' requests are done; generate, stream and
+requests added to `llm.engine` by hand may interleave, each caller collecting its own outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Iterator
+
+from tqdm import tqdm
+
+from minipaged.backend import default_dtype, fit_blas_threads, resolve_device
+from minipaged.engine import EngineConfig, LLMEngine
+from minipaged.model import DEFAULT_MODEL, Model, Tokenizer, resolve_model
+from minipaged.outputs import RequestOutput, rejected
+from minipaged.sampling import SamplingParams
+
+
+class LLM:
+    """A model ready to generate: `LLM()` loads SmolLM2-135M-Instruct on the best device.
+
+    Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
+    kv_cache_memory or num_blocks, max_model_len, max_num_seqs, enable_prefix_caching,
+    preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static"), allocator
+    ("paged" or "contiguous-max/pow2/oracle"), enable_chunked_prefill, max_num_batched_tokens.
+
+    `generate`, `stream` and requests added to `llm.engine` by hand may interleave: whoever
+    steps the engine puts every finished output in `unclaimed`, and each caller takes its own."""
+
+    def __init__(self, model: str | None = None, device: str | None = None,
+                 dtype: str | None = None, **engine_options):
+        start = time.perf_counter()
+        self.device = resolve_device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        self.folder = resolve_model(model)
+        self.model_name = str(model or DEFAULT_MODEL)
+        self.tokenizer = Tokenizer(self.folder)
+        self.model = Model.from_folder(self.folder, self.device, self.dtype)
+        eos = set(self.model.config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.engine = LLMEngine(self.model, self.tokenizer, EngineConfig(**engine_options), eos)
+        if self.device == "cpu":  # on a shared machine, BLAS threads that wait on each other are slow
+            fit_blas_threads(samples=3)
+        self.load_seconds = time.perf_counter() - start
+        self._ids = itertools.count()
+        self.unclaimed: dict[str, RequestOutput] = {}  # finished outputs not yet collected
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        return self.engine.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, ids) -> None:
+        self.engine.eos_token_ids = set(ids)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def new_engine(self, **options) -> LLMEngine:
+        """A fresh LLMEngine over this model and tokenizer, with its own KV cache and queues:
+        `llm.new_engine(num_blocks=24, block_size=8)` takes the options of EngineConfig."""
+        return LLMEngine(self.model, self.tokenizer, EngineConfig(**options), self.eos_token_ids)
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Complete each prompt (a string or {"prompt_token_ids": [...]}), all in one engine run.
+        A bad prompt gets an output with `error` set and finish_reason "rejected"; the rest run.
+        Interrupted (Ctrl-C), it aborts its own requests, so the engine is left as it was."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams")
+        order = [self._new_id("generate") for _ in prompts]
+        try:
+            for request_id, prompt, p in zip(order, prompts, params_list):
+                try:
+                    self.engine.add_request(request_id, prompt, p)
+                except ValueError as error:
+                    self.unclaimed[request_id] = rejected(request_id, prompt, error)
+            pending = [r for r in order if r not in self.unclaimed]
+            with tqdm(total=len(pending), desc="generating", unit="req", disable=not use_tqdm) as bar:
+                for _ in self._run_until(pending):
+                    bar.update(sum(r in self.unclaimed for r in pending) - bar.n)
+            return [self.unclaimed.pop(r) for r in order]
+        finally:
+            for request_id in order:
+                self._forget(request_id)
+
+    def chat(self, messages, params: SamplingParams | None = None,
+             use_tqdm: bool = False) -> RequestOutput | list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"}), or a list of them."""
+        single = bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if single else messages
+        prompts = [{"prompt_token_ids": self.tokenizer.encode_chat(c)} for c in conversations]
+        outputs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        return outputs[0] if single else outputs
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the text of one request's first sequence piece by piece as it is generated
+        (text that could still turn out to be a stop string waits until it is decided; beam
+        search yields its best text at the end). Closing the iterator early (or Ctrl-C) aborts
+        the request and frees its frames; `last_output` then holds its RequestOutput."""
+        request_id = self._new_id("stream")
+        self.engine.add_request(request_id, prompt, params)
+        self.last_output, sent = None, ""
+        try:
+            for _ in self._run_until([request_id]):
+                text = self.engine.text_so_far(request_id) if request_id in self.engine.requests else sent
+                if len(text) > len(sent):
+                    yield text[len(sent):]
+                    sent = text
+            self.last_output = self.unclaimed.pop(request_id)
+            if self.last_output.outputs and len(self.last_output.outputs[0].text) > len(sent):
+                yield self.last_output.outputs[0].text[len(sent):]
+        finally:
+            self.last_output = self._forget(request_id) or self.last_output
+
+    # ---- several callers, one engine ----------------------------------------------------------
+    def _run_until(self, request_ids: list[str]) -> Iterator[None]:
+        """Step the engine until these requests are finished. Every finished output goes to
+        `unclaimed`, where its caller (generate, stream, or a user of `engine`) collects it."""
+        while not all(r in self.unclaimed for r in request_ids):
+            for output in self.engine.step().finished:
+                self.unclaimed[output.request_id] = output
+            yield
+
+    def _new_id(self, kind: str) -> str:
+        """A request id nobody holds: users may name their own requests "generate-0" too."""
+        request_id = f"{kind}-{next(self._ids)}"
+        while request_id in self.engine.requests or request_id in self.unclaimed:
+            request_id = f"{kind}-{next(self._ids)}"
+        return request_id
+
+    def _forget(self, request_id: str) -> RequestOutput | None:
+        """Abort a request of ours that still runs (an interrupted call), or drop its output
+        that nobody collected; returns that output."""
+        if request_id in self.engine.requests:
+            return self.engine.abort_request(request_id)
+        return self.unclaimed.pop(request_id, None)
