@@ -6,7 +6,9 @@ requests added to `llm.engine` by hand may interleave, each caller collecting it
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import math
 import time
 from typing import Iterator
 
@@ -142,3 +144,26 @@ class LLM:
         if request_id in self.engine.requests:
             return self.engine.abort_request(request_id)
         return self.unclaimed.pop(request_id, None)
+
+
+def number(kind=int, minimum: float | None = None, maximum: float | None = None, above: float | None = None):
+    """An argparse `type=` for a numeric option: a finite `kind` (int or float) within
+    [minimum, maximum] (and > above), else argparse's one-line error and exit code 2, before any
+    work starts: `parser.add_argument("--port", type=number(int, 1, 65535))`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below the smallest allowed value, {minimum:g}")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"{text} must be greater than {above:g}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text} is above the largest allowed value, {maximum:g}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
