@@ -75,8 +75,8 @@ class LLMEngine:
                                          min(max_model_len, num_blocks * config.block_size), host_frames,
                                          config.enable_prefix_caching)
         self.max_model_len = min(max_model_len, self.blocks.num_frames * self.blocks.block_size)
-        self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,
-                          self.blocks.block_size, host_frames, model.dtype, model.device)
+        self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,  # the chosen
+                          self.blocks.block_size, self.blocks.num_host_frames, model.dtype, model.device)  # frames
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.blocks)
         self.runner = ModelRunner(model, self.kv, self.blocks)
         self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
@@ -169,8 +169,11 @@ class LLMEngine:
         its text (cut off there)? Adds the token's text to seq.text."""
         if self._ends(token, p):
             return True
-        seq.text += seq.detokenizer.add(token)
-        found = [seq.text.index(stop) for stop in p.stop if stop in seq.text]
+        new = seq.detokenizer.add(token)
+        seq.text += new
+        # a stop string that appears now ends in the new text: look only where it could start
+        start = max(0, len(seq.text) - len(new) - max(map(len, p.stop), default=1) + 1)
+        found = [i for stop in p.stop if (i := seq.text.find(stop, start)) >= 0]
         if found:
             seq.text = seq.text[:min(found)]
         return bool(found)
@@ -215,6 +218,9 @@ class LLMEngine:
         (every sample or beam with its own copy of prompt and output, as after a recompute)."""
         length = min(prompt_len + params.max_tokens, self.max_model_len)
         num_seqs = max(params.n, params.beam_width)
+        if num_seqs > self.scheduler.config.max_num_seqs:
+            raise ValueError(f"n={params.n}, beam_width={params.beam_width}: it runs {num_seqs} sequences at once "
+                             f"but max_num_seqs is {self.scheduler.config.max_num_seqs}")
         if num_seqs > 1 and not self.blocks.can_fork:
             raise ValueError(f"n={params.n}, beam_width={params.beam_width}: allocator={self.config.allocator!r} "
                              "cannot share frames between sequences; use allocator='paged'")

@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy (vLLM's _SAMPLING_EPS): logits / 1e-40 overflow
+MAX_STOP_STRINGS, MAX_STOP_LEN = 16, 256  # the per-token stop check of one request stays cheap for all
+
 
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1                      # parallel samples of the same prompt
-    temperature: float = 1.0        # 0 = greedy
+    temperature: float = 1.0        # 0 (or under GREEDY_BELOW) = greedy
     top_k: int = -1                 # -1 = all tokens
     top_p: float = 1.0              # nucleus: smallest set of tokens with this much probability
     max_tokens: int = 16
@@ -43,6 +46,10 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r:.80}")
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_LEN for s in self.stop):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_LEN} characters "
+                             f"(each is checked after every token), got {len(self.stop)} strings, the longest "
+                             f"{max(map(len, self.stop))} characters")
         for ok, message in self._relations():
             if not ok:
                 raise ValueError(message)
@@ -64,7 +71,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def is_int(value) -> bool:

@@ -264,7 +264,7 @@ class Scheduler:
             request = self.swapped[0]
             ids = [s.seq_id for s in request.live]
             if (not self.blocks.can_swap_in(*ids)
-                    or self._num_running_seqs() + len(ids) > self.config.max_num_seqs):
+                    or self._num_running_seqs() + request.width > self.config.max_num_seqs):
                 return
             self.swapped.popleft()
             batch.moves.swap_in += self.blocks.swap_in(*ids)
@@ -277,7 +277,7 @@ class Scheduler:
             mapped = self._to_map(request)
             alone = not self.running  # a request that fits an idle engine is always admitted
             tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
-            if not alone and (self._num_running_seqs() + len(request.live) > self.config.max_num_seqs
+            if not alone and (self._num_running_seqs() + request.width > self.config.max_num_seqs
                               or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
                 return
             keep_free = 0 if alone or self.policy.reserves_whole_run else self.watermark_frames
@@ -378,7 +378,7 @@ class Scheduler:
         batch.preempted.append((request.request_id, mode))
 
     def _num_running_seqs(self) -> int:
-        return sum(len(r.live) for r in self.running)
+        return sum(r.width for r in self.running)
 
 
 __all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES",

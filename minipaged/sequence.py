@@ -66,3 +66,8 @@ class Request:
     @property
     def beam_search(self) -> bool:
         return self.params.beam_width > 1
+
+    @property
+    def width(self) -> int:
+        """Sequences it may run at once: its live samples, or beam_width (beams fork later)."""
+        return self.params.beam_width if self.beam_search else len(self.live)

@@ -263,3 +263,52 @@ def test_13_cached_tokens_count_prompt_hits_only(llm):
         outputs |= {o.request_id: o for o in report.finished}
     assert preempted > 0
     assert [o.num_cached_tokens for o in outputs.values()] == [0] * 8  # 3-token prompts: no whole block
+
+
+# ---- issue 18: defects found where strangers poke ----------------------------------------------
+
+def test_18_4_beams_count_their_width_against_max_num_seqs(folder):
+    """A beam request is admitted as one sequence and forks to beam_width: it must count as
+    beam_width, or a step runs more than max_num_seqs rows and a swapped request can never
+    come back (the engine stalled with 'could not schedule any request')."""
+    small = LLM(str(folder), device="cpu", block_size=4, num_blocks=16, max_num_seqs=2, preemption_mode="swap")
+    beams = SamplingParams(beam_width=4, max_tokens=8)
+    outs = small.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9]}], beams, use_tqdm=False)
+    assert all("beam_width=4" in o.error and "max_num_seqs is 2" in o.error for o in outs)
+    engine = LLM(str(folder), device="cpu", block_size=4, num_blocks=12, max_num_seqs=4,
+                 preemption_mode="swap").engine
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14, 15]]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, beams)
+    most = 0
+    for _ in range(500):
+        if not engine.has_unfinished_requests():
+            break
+        report = engine.step()
+        most = max(most, len(report.ran))
+    assert not engine.has_unfinished_requests() and most == 4  # one request of four beams at a time
+    assert_idle_and_empty(engine)
+
+
+def test_18_5_stop_strings_are_bounded_and_checked_near_the_new_text(llm):
+    from minipaged.sampling import MAX_STOP_LEN, MAX_STOP_STRINGS
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_STRINGS} strings"):
+        SamplingParams(stop=[f"s{i}" for i in range(MAX_STOP_STRINGS + 1)])
+    with pytest.raises(ValueError, match=f"of at most {MAX_STOP_LEN} characters"):
+        SamplingParams(stop=["x" * (MAX_STOP_LEN + 1)])
+    free = llm.generate([{"prompt_token_ids": [5, 6, 7]}], GREEDY, use_tqdm=False)[0].outputs[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 2]  # a stop string met halfway through the answer
+    assert stop.strip(), free
+    stops = [f"never{i}" for i in range(MAX_STOP_STRINGS - 1)] + [stop]
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                                                                        stop=stops), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.text == free[:free.index(stop)]
+
+
+def test_18_6_a_tiny_temperature_is_greedy(llm):
+    prompt = [{"prompt_token_ids": [5, 6, 7, 8]}]
+    greedy = llm.generate(prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    for temperature in (1e-40, 1e-12, 5e-6):
+        params = SamplingParams(temperature=temperature, max_tokens=8, ignore_eos=True, seed=1)
+        with np.errstate(all="raise"):  # no overflow on the way
+            assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == greedy

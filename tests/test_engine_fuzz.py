@@ -587,6 +587,9 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
                 continue
         report = engine.step()
         stats.report(report)
+        if len(report.ran) + report.padding > sc.max_num_seqs:
+            raise FuzzFailure("over-max-num-seqs", f"step {step} ran {len(report.ran) + report.padding} "
+                              f"sequences with max_num_seqs={sc.max_num_seqs}: {report.ran}")
         prefills = {(rid, i) for rid, i, kind, _ in report.ran if kind == "prefill"}
         stats.prompt_chunks += len(prefills & last_prefills)
         last_prefills = prefills

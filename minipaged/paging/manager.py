@@ -85,6 +85,11 @@ class BlockManager:
         return self.device.num_blocks
 
     @property
+    def num_host_frames(self) -> int:
+        """Frames in the host pool (swap space; 0 for managers that never swap)."""
+        return self.host.num_blocks
+
+    @property
     def num_free_frames(self) -> int:
         """Device frames a new token or sequence could take (evictable cached frames included)."""
         return self.device.num_free
