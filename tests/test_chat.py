@@ -9,6 +9,7 @@ turns instead of crashing.
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -91,7 +92,8 @@ def test_a_bad_option_is_one_line_saying_what_to_fix(model):
     result = subprocess.run(chat_command(model, "--max-tokens", "0"), input="", capture_output=True,
                             text=True, timeout=60, env=ENV)
     assert result.returncode == 2
-    assert result.stderr.strip() == "python -m minipaged.chat: max_tokens must be an integer >= 1, got 0"
+    assert result.stderr == ("python -m minipaged.chat: error: argument --max-tokens: "
+                             "0 is below the smallest allowed value, 1\n")   # before the model loads
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -104,7 +106,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option, value, named", [("--kv-cache-memory", "1k", "kv_cache_memory"),  # < 1 frame
-                                                  ("--block-size", "0", "block_size")])
+                                                  ("--block-size", "0", "argument --block-size")])  # the parser's
 def test_an_engine_setting_the_engine_refuses_is_one_line(model, option, value, named):
     result = run_pipe(model, ["hello"], option, value)   # LLM(...) raises ValueError: one line
     assert named in one_line_error(result)
@@ -210,6 +212,33 @@ def test_a_conversation_longer_than_the_context_drops_its_oldest_turns(model):
     assert result.stderr.count("dropped the oldest exchange") >= 1
     assert re.search(r"not sent: your message makes a \d+-token prompt; the context holds 128", result.stderr)
     assert notes[-1][1] > 0                # the kept turns were still served from the cache
+
+
+def test_a_reader_that_leaves_early_ends_the_chat_quietly(tiny):
+    """Issue 18, defect 12: `... | python -m minipaged.chat | head -1` ended in a BrokenPipeError
+    traceback. Here the reader takes the first answer's line and closes the pipe before the
+    second message is sent, so the second answer is written into a closed pipe every time."""
+    chat = subprocess.Popen(chat_command(str(tiny()), "--max-tokens", "3"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    chat.stdin.write("hello\n")
+    chat.stdin.flush()
+    first = chat.stdout.readline()
+    chat.stdout.close()                      # what `head -1` does after its line
+    chat.stdin.write("and again\n")
+    chat.stdin.close()
+    stderr = chat.stderr.read()
+    assert chat.wait(timeout=60) == 141, stderr  # 128 + SIGPIPE, as a shell reports such a writer
+    assert len(first.split()) == 3 and "Traceback" not in stderr and "Error" not in stderr, stderr
+
+
+@pytest.mark.parametrize("stdin", ["< /dev/null", "0<&-"])
+def test_an_empty_or_closed_standard_input_is_the_end_of_the_conversation(tiny, stdin):
+    """Issue 18, defect 12: with standard input closed (`0<&-`), sys.stdin is None and the chat
+    failed on `sys.stdin.isatty()`; now it reads as an empty input, as /dev/null does."""
+    command = " ".join(map(shlex.quote, chat_command(str(tiny())))) + " " + stdin
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr and "ready on cpu" in result.stderr
 
 
 # ---- through a terminal: what people see -----------------------------------------------------

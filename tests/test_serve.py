@@ -5,6 +5,7 @@ Greedy answers through HTTP must equal LLM.generate's for the same prompts.
 """
 
 import asyncio
+import json
 import random
 import re
 import signal
@@ -199,7 +200,7 @@ BAD = [  # (what, body, status, param): each must leave the engine untouched
     ("top_p above 1", {"prompt": "hello", "top_p": 1.5}, 400, "top_p"),
     ("top_k below -1", {"prompt": "hello", "top_k": -5}, 400, "top_k"),
     ("stop a number", {"prompt": "hello", "stop": 5}, 400, "stop"),
-    ("stop an empty string", {"prompt": "hello", "stop": [""]}, 400, "stop"),
+    ("stop an empty string", {"prompt": "hello", "stop": [""]}, 400, "stop[0]"),
     ("seed a string", {"prompt": "hello", "seed": "x"}, 400, "seed"),
     ("ignore_eos a string", {"prompt": "hello", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ("stream a string", {"prompt": "hello", "stream": "true"}, 400, "stream"),
@@ -208,13 +209,36 @@ BAD = [  # (what, body, status, param): each must leave the engine untouched
     ("unknown model", {"prompt": "hello", "model": "gpt-4"}, 404, "model"),
     ("prompt too long", {"prompt": "hello " * 300}, 400, "prompt"),
     ("token id outside the vocabulary", {"prompt": [5, 99999]}, 400, None),
+    # issue 18: text that is not Unicode, deep JSON, huge numbers, NaN (each was a 500)
+    ("a lone surrogate", b'{"prompt": "alpha \\ud800"}', 400, "prompt"),
+    ("a lone surrogate in a prompt list", b'{"prompt": ["one", "alpha \\udfff"]}', 400, "prompt[1]"),
+    ("a lone surrogate in a stop string", b'{"prompt": "one", "stop": ["\\ud800"]}', 400, "stop[0]"),
+    ("5,000 nested [", b"[" * 5000, 400, None),
+    ("5,000 nested [ in the prompt", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None),
+    ("40 nested lists", {"prompt": json.loads("[" * 40 + "]" * 40)}, 400, "prompt" + "[0]" * 16),
+    ("max_tokens of 5,000 digits", b'{"prompt": "hello", "max_tokens": ' + b"7" * 5000 + b"}", 400, "max_tokens"),
+    ("a seed of 40 digits", {"prompt": "hello", "seed": 10 ** 40}, 400, "seed"),
+    ("temperature NaN", b'{"prompt": "hello", "temperature": NaN}', 400, "temperature"),
+    ("temperature 1e999", b'{"prompt": "hello", "temperature": 1e999}', 400, "temperature"),
 ]
 BAD_CHAT = [
     ("messages missing", {"max_tokens": 5}, 400, "messages"),
     ("messages a string", {"messages": "hi"}, 400, "messages"),
-    ("a message without role", {"messages": [{"content": "hi"}]}, 400, "messages.0.role"),
+    ("a message without role", {"messages": [{"content": "hi"}]}, 400, "messages[0].role"),
     ("an image part", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages.0.content"),
+     "messages[0].content[0].type"),
+    ("no messages", {"messages": []}, 400, "messages"),
+    ("an unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    # issue 18: a message without content (answered, where OpenAI's API says 400), lone surrogates
+    ("a message without content", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("content null", {"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content"),
+    ("a lone surrogate in content", b'{"messages": [{"role": "user", "content": "alpha \\ud800"}]}', 400,
+     "messages[0].content"),
+    ("a lone surrogate in a content part",
+     b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00 beta"}]}]}', 400,
+     "messages[0].content[0].text"),
+    ("a lone surrogate in a system message", b'{"messages": [{"role": "system", "content": "\\ud800"}, '
+     b'{"role": "user", "content": "hi"}]}', 400, "messages[0].content"),
 ]
 
 

@@ -62,7 +62,7 @@ def load(url: str, stop: threading.Event, seconds: float) -> None:
 
 def test_dashboard_in_a_browser_shows_shared_frames_and_a_growing_timeline(tmp_path):
     executable = chromium()
-    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is a dev dependency (pip install -e '.[dev]')")
+    import playwright.sync_api as playwright   # the test extra (make test): missing, this fails
     # a slightly larger random model, so that a step lasts a few ms and the pictures move visibly
     folder = write_checkpoint(tmp_path / "model", hidden=128, layers=4, intermediate=256, max_positions=512)
     llm = LLM(str(folder), device="cpu", num_blocks=16, block_size=4)

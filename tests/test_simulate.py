@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from minipaged import simulate as command
 from minipaged.bench import simulate as sim
 from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
 
@@ -59,7 +60,7 @@ def test_paging_sustains_a_higher_rate_than_contiguous_memory():
 
 
 def test_json_of_one_timed_run(capsys):
-    sim.main(["--trace", "alpaca", "--requests", "300", "--rate", "20", "--systems", "paged", "static", "--json"])
+    command.main(["--trace", "alpaca", "--requests", "300", "--rate", "20", "--systems", "paged", "static", "--json"])
     result = json.loads(capsys.readouterr().out)
     assert result["profile"] == "opt-13b-a100" and result["requests"] == 300 and result["seconds"] > 0
     assert result["paged"]["normalized_latency"] < result["static"]["normalized_latency"]
@@ -100,18 +101,19 @@ def test_ablations_count_preemptions_and_swap_moves_frames():
     assert list(recompute) == list(swap) == sim.ABLATION_BLOCK_SIZES
     assert any(r["preemptions"] for r in recompute.values()) and any(r["swapped_frames"] for r in swap.values())
     assert all(r["swapped_frames"] == 0 for r in recompute.values())
-    text = sim.text_report({"profile": "opt-13b-a100", "requests": 400, "seconds": 1.0} | result)
+    text = command.text_report({"profile": "opt-13b-a100", "requests": 400, "seconds": 1.0} | result)
     assert "preempted" in text and "swap" in text
 
 
 def test_fixed_scale_slows_every_step_and_is_checked(capsys):
-    sim.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json"])
+    command.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json"])
     plain = json.loads(capsys.readouterr().out)
-    sim.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json",
+    command.main(["--trace", "alpaca", "--requests", "100", "--rate", "5", "--systems", "paged", "--json",
               "--fixed-scale", "2"])
     slow = json.loads(capsys.readouterr().out)
     assert slow["fixed_scale"] == 2 and "fixed_scale" not in plain
     assert slow["paged"]["normalized_latency"] > 1.5 * plain["paged"]["normalized_latency"]
     with pytest.raises(SystemExit):
-        sim.main(["--fixed-scale", "0"])
-    assert "--fixed-scale must be positive" in capsys.readouterr().err
+        command.main(["--fixed-scale", "0"])
+    assert capsys.readouterr().err == ("python -m minipaged.simulate: error: argument --fixed-scale: "
+                                       "0 must be greater than 0\n")

@@ -1,6 +1,6 @@
 // cuda_shim.h: just enough CUDA to run the kernels of cuda/*.cu on a CPU, unchanged.
 //
-// minipaged/attention/emulated.py compiles one .cu file with this header (g++ -std=c++20) into a
+// minipaged/attention/emulated.py compiles one .cu file with this header (g++ or clang++, -std=c++20) into a
 // shared library and launches its kernels through emu_launch(), the way cuLaunchKernel would.
 // The tests run every kernel this way against the NumPy reference, on machines without a GPU;
 // students can step through a kernel in gdb (MINIPAGED_EMULATE_DEBUG=1 builds with -O0 -g).
@@ -14,6 +14,13 @@
 // What a GPU leaves undefined is an error here: threads waiting at different barriers (deadlock),
 // a shuffle reached by only part of a warp, or after some of its lanes returned.
 #pragma once
+// macOS hides the (deprecated, still working) ucontext functions unless the X/Open level is set
+// before the first system header (and _DARWIN_C_SOURCE keeps the rest of its headers whole);
+// emulated.py also silences their deprecation warnings there.
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 600
+#define _DARWIN_C_SOURCE
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,9 +55,48 @@ inline dim3 threadIdx, blockIdx, blockDim, gridDim;  // set before each fiber ru
 constexpr int warpSize = 32;
 
 // __half: the compiler's IEEE binary16 type; conversions round to nearest even, as on the GPU.
+#if defined(__FLT16_MANT_DIG__)  // g++ 12+, clang 15+ (Xcode 15+); any clang on arm64
 using __half = _Float16;
 inline float __half2float(__half x) { return static_cast<float>(x); }
 inline __half __float2half(float x) { return static_cast<__half>(x); }
+#else
+// An older clang on x86_64 (Debian 12's clang 14, Xcode 14 on an Intel Mac) has no _Float16:
+// the same 16 bits (1 sign, 5 exponent, 10 mantissa), converted by hand. After F. Giesen's
+// float_to_half_fast3_rtne / half_to_float (public domain).
+struct __half {
+    unsigned short bits;
+};
+inline unsigned as_bits(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+inline float as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
+
+inline float __half2float(__half h) {
+    unsigned u = (h.bits & 0x7fffu) << 13;          // exponent and mantissa, in a float's place
+    const unsigned exponent = u & (0x7c00u << 13);
+    u += (127 - 15) << 23;                          // rebias the exponent
+    if (exponent == 0x7c00u << 13) {                // inf or NaN: all exponent bits set
+        u += (128 - 16) << 23;
+    } else if (exponent == 0) {                     // zero or subnormal: let the FPU normalize
+        u = as_bits(as_float(u + (1u << 23)) - as_float(113u << 23));
+    }
+    return as_float(u | (h.bits & 0x8000u) << 16);
+}
+
+inline __half __float2half(float x) {
+    const unsigned sign = as_bits(x) & 0x80000000u;
+    unsigned u = as_bits(x) ^ sign;
+    unsigned short bits;
+    if (u >= (127u + 16) << 23) {                   // |x| >= 65536: inf, or NaN stays NaN
+        bits = u > 0x7f800000u ? 0x7e00 : 0x7c00;
+    } else if (u < 113u << 23) {                    // a subnormal half (or zero): adding this
+        const unsigned magic = (127 - 15 + 23 - 10 + 1) << 23;  // lines the 10 bits up at the
+        bits = as_bits(as_float(u) + as_float(magic)) - magic;  // bottom, rounded by the FPU
+    } else {                                        // normal: drop 13 bits, to nearest even
+        u += ((15u - 127) << 23) + 0xfff + ((u >> 13) & 1);
+        bits = u >> 13;                             // a carry past 65504 gives inf, as it should
+    }
+    return {static_cast<unsigned short>(bits | sign >> 16)};
+}
+#endif
 
 namespace emu {
 

@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,12 @@ from . import kernels
 
 SHIM_DIR = kernels.CUDA_DIR / "emulate"
 OPTIMIZE = ["-O0", "-g"] if os.environ.get("MINIPAGED_EMULATE_DEBUG") else ["-O2"]  # -g: for gdb
-COMPILER = [os.environ.get("CXX", "g++"), "-std=c++20", *OPTIMIZE, "-shared", "-fPIC"]
+# g++ or clang++ (CXX chooses). macOS: Xcode's clang, a .dylib, and ucontext's deprecation quiet.
+if sys.platform == "darwin":
+    COMPILER = [os.environ.get("CXX", "clang++"), "-std=c++20", *OPTIMIZE, "-dynamiclib",
+                "-Wno-deprecated-declarations"]
+else:
+    COMPILER = [os.environ.get("CXX", "g++"), "-std=c++20", *OPTIMIZE, "-shared", "-fPIC"]
 NUM_SMS = 132    # the version rule answers as for an H200, so the default is what a GPU would run
 
 
@@ -40,13 +46,13 @@ def _translation_unit(source: Path, names: tuple[str, ...]) -> str:
 @functools.cache
 def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
     """A .cu file compiled for the CPU with its kernel instances `names`, built if not cached.
-    The system C++ compiler builds it together with cuda/emulate/cuda_shim.h (threadIdx,
-    __syncthreads, warp shuffles, __half; every CUDA thread a fiber) into a shared library, once,
-    cached under ~/.cache/minipaged/emulated by a hash of the sources. Slow (a few microseconds
-    per thread and barrier) but exact."""
+    The system C++ compiler (g++ or clang++) builds it together with cuda/emulate/cuda_shim.h
+    (threadIdx, __syncthreads, warp shuffles, __half; every CUDA thread a fiber) into a shared
+    library, once, cached under ~/.cache/minipaged/emulated by a hash of the sources and the
+    compiler. Slow (a few microseconds per thread and barrier) but exact."""
     unit = _translation_unit(source, names)
     inputs = [source.read_text(), *names, *(p.read_text() for p in sorted(SHIM_DIR.glob("*.h"))),
-              " ".join(COMPILER)]                 # not the path: a copy elsewhere is the same
+              " ".join(COMPILER), compiler_version()]  # not the path: a copy elsewhere is the same
     digest = hashlib.sha256("\0".join(inputs).encode()).hexdigest()[:16]
     path = cache_dir() / f"{source.stem}-{digest}.so"
     if not path.exists():
@@ -56,10 +62,23 @@ def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
     return compiled
 
 
-def _compile(unit: str, path: Path) -> None:
+@functools.cache
+def compiler_version() -> str:
+    """The first line of `$CXX --version`: g++ and clang++ builds (or two versions of one) are
+    cached apart."""
+    if sys.platform == "win32":
+        raise RuntimeError("the emulated kernels run each CUDA thread as a POSIX ucontext fiber, "
+                           "which Windows lacks: run them under WSL (Linux), or use "
+                           "minipaged.attention.reference")
     if shutil.which(COMPILER[0]) is None:
+        install = "xcode-select --install" if sys.platform == "darwin" else "install g++ or clang"
         raise RuntimeError(f"the emulated kernels need a C++20 compiler; {COMPILER[0]} was not "
-                           f"found (install g++, or set CXX)")
+                           f"found ({install}, or set CXX)")
+    done = subprocess.run([COMPILER[0], "--version"], capture_output=True, text=True)
+    return done.stdout.partition("\n")[0]
+
+
+def _compile(unit: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cpp, so = Path(tmp) / "unit.cpp", Path(tmp) / "unit.so"

@@ -1,13 +1,15 @@
-"""Compile the .cu kernels with NVRTC, no GPU needed: the check that runs on every machine.
+"""Compile the .cu kernels with NVRTC, no GPU needed: the check that runs on any Linux or Windows.
 
 NVRTC is NVIDIA's runtime compiler, the one CuPy's RawModule calls on a GPU machine; here it
-comes from the wheels of the `dev` extra (see `compile_cu`).
+comes from the wheels of the `nvrtc` extra (see `compile_cu`), which exist for Linux and Windows.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import platform
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,15 @@ try:
     from cuda.bindings import nvrtc
 except ImportError:          # compile_cu says what to install
     nvrtc = None
+
+
+# The machines NVIDIA ships NVRTC's wheels for (pyproject.toml's markers on the `nvrtc` extra say
+# the same; tests/test_install.py checks both against PyPI). A Mac has none.
+WHEELS = {("linux", "x86_64"), ("linux", "aarch64"), ("win32", "AMD64")}  # (sys.platform, machine)
+WHEELS_EXIST = (sys.platform, platform.machine()) in WHEELS
+INSTALL = ("pip install -e '.[nvrtc]'" if WHEELS_EXIST else
+           f"NVIDIA ships no NVRTC wheels for {sys.platform} {platform.machine()}: "
+           f"the kernels compile with NVRTC on Linux and Windows, and run here emulated")
 
 
 class CompileError(RuntimeError):
@@ -41,20 +52,18 @@ def cuda_include_dir() -> Path:
     """The folder holding cuda_fp16.h, from the nvidia-cuda-runtime-cu12 wheel."""
     spec = importlib.util.find_spec("nvidia.cuda_runtime")
     if spec is None or not spec.submodule_search_locations:
-        raise CompileError("cuda_fp16.h not found: pip install nvidia-cuda-runtime-cu12 "
-                           "(in minipaged's dev extra: pip install -e '.[dev]')")
+        raise CompileError(f"cuda_fp16.h not found (the nvidia-cuda-runtime-cu12 wheel): {INSTALL}")
     return Path(list(spec.submodule_search_locations)[0]) / "include"
 
 
 def compile_cu(path: Path, names: list[str], arch: str = "sm_90") -> CompileResult:
     """Compile the template instances `names` of a .cu file for `arch` (sm_80, sm_90, ...):
     what ptxas reports for each kernel (registers, spills, shared memory) and each kernel's PTX;
-    a compile error raises CompileError with NVRTC's log. Needs the `dev` extra's wheels:
+    a compile error raises CompileError with NVRTC's log. Needs the `nvrtc` extra's wheels:
     `nvidia-cuda-nvrtc-cu12` (the library), `nvidia-cuda-runtime-cu12` (for `cuda_fp16.h`) and
     `cuda-bindings` (the Python binding)."""
     if nvrtc is None:
-        raise CompileError("the NVRTC binding is missing: pip install cuda-bindings "
-                           "nvidia-cuda-nvrtc-cu12 (in minipaged's dev extra)")
+        raise CompileError(f"the NVRTC binding (cuda-bindings) is missing: {INSTALL}")
     path = Path(path)
     _, program = nvrtc.nvrtcCreateProgram(path.read_bytes(), path.name.encode(), 0, [], [])
     try:

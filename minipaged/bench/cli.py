@@ -11,7 +11,9 @@ import argparse
 import json
 import sys
 
+from minipaged.llm import CommandParser
 from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, throughput
+from minipaged.bench.common import OptionError
 
 DESCRIPTION = """\
 Measure what the vLLM paper measures, on this machine: decode speed, KV-cache memory
@@ -65,10 +67,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CommandParser:
     """The command line: one subcommand per registered benchmark, each with --json."""
-    parser = argparse.ArgumentParser(prog="python -m minipaged.bench", description=DESCRIPTION,
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="python -m minipaged.bench", description=DESCRIPTION,
+                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="name", required=True, title="benchmarks", metavar="BENCHMARK")
     for name, (fn, add_arguments, help, takes) in COMMANDS.items():
         p = sub.add_parser(name, help=f"{help} ({takes})".replace("%", "%%"),
@@ -81,10 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     fn = COMMANDS[args.name][0]
     try:
         result = fn(args)
+    except OptionError as error:  # found once the model is loaded: one line, exit code 2, as the parser's
+        CommandParser(prog=f"{parser.prog} {args.name}").error(str(error))
     except SystemExit as stop:  # a benchmark that cannot run here says why: as JSON too
         if args.json and isinstance(stop.code, str):
             print(json.dumps({"benchmark": args.name, "error": stop.code}, indent=2))

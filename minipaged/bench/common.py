@@ -1,5 +1,6 @@
 """What the benchmarks share: their model and workload options, the model loaded with BLAS
-fitted to the idle cores, the random prompts a workload's lengths become, and a chart's output.
+fitted to the idle cores (or an OptionError: why it cannot be), the random prompts a workload's
+lengths become, and a chart's output.
 
 Written once here so that every benchmark serves the same prompts on the same seed.
 """
@@ -8,12 +9,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged.llm import number
+
+
+class OptionError(Exception):
+    """Options this benchmark cannot run with, found after parsing (it takes the model to know):
+    `python -m minipaged.bench` prints it as the parser's one-line error, exit code 2."""
+
 
 def load(args, **options):
-    """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the idle cores."""
+    """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the idle cores.
+    No such model, no usable GPU, engine options the engine refuses, or a max_model_len beyond
+    what the model and the KV cache hold (the engine would cap it; the workload would not): an
+    OptionError."""
     from minipaged.backend import fit_blas_threads
     from minipaged.llm import LLM
-    llm = LLM(args.model, device=args.device, **options)
+    try:
+        llm = LLM(args.model, device=args.device, **options)
+    except (ValueError, RuntimeError, FileNotFoundError) as error:
+        raise OptionError(str(error)) from None
+    if options.get("max_model_len", 0) > llm.max_model_len:
+        raise OptionError(f"--max-model-len {options['max_model_len']} is more than this model and KV "
+                          f"cache hold, {llm.max_model_len} tokens")
     return llm, fit_blas_threads()
 
 
@@ -27,8 +44,9 @@ def model_arguments(parser) -> None:
 def serving_arguments(parser) -> None:
     """The model options, and a seeded workload of --requests requests."""
     model_arguments(parser)
-    parser.add_argument("--requests", type=int, default=32, help="requests in the workload (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    parser.add_argument("--requests", type=number(int, 1), default=32,
+                        help="requests in the workload (default %(default)s)")
+    parser.add_argument("--seed", type=number(int, 0), default=0, help="workload seed (default %(default)s)")
 
 
 def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:

@@ -10,16 +10,19 @@ import time
 
 from tqdm import tqdm
 
-from minipaged.bench.common import load, model_arguments, random_prompts
+from minipaged.backend import cdiv
+from minipaged.bench.common import OptionError, load, model_arguments, random_prompts
 from minipaged.bench.workload import RequestSpec
+from minipaged.llm import number
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--batch", type=int, default=1, help="streams decoded together (default %(default)s)")
-    parser.add_argument("--prompt-len", type=int, default=64,
+    parser.add_argument("--batch", type=number(int, 1), default=1, help="streams decoded together (default %(default)s)")
+    parser.add_argument("--prompt-len", type=number(int, 1), default=64,
                         help="prompt tokens per stream (default %(default)s)")
-    parser.add_argument("--tokens", type=int, default=64,
-                        help="tokens generated per stream (default %(default)s)")
+    parser.add_argument("--tokens", type=number(int, 2), default=64,
+                        help="tokens generated per stream, the first by the prefill: at least 2, so "
+                             "one decode step is timed (default %(default)s)")
     model_arguments(parser)
 
 
@@ -28,7 +31,8 @@ def bench_decode(args) -> dict:
     the decode steps until every stream has --tokens tokens; tokens/s counts all streams."""
     from minipaged.sampling import SamplingParams
 
-    llm, threads = load(args)
+    llm, threads = load(args, max_num_seqs=max(64, args.batch))
+    check_fits(llm.engine, args)
     specs = [RequestSpec(args.prompt_len, args.tokens)] * args.batch
     prompts = [{"prompt_token_ids": ids} for ids in random_prompts(specs, 0, llm.model.config.vocab_size)]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
@@ -56,3 +60,20 @@ def bench_decode(args) -> dict:
               f"batch {args.batch}, prompt {args.prompt_len} tokens, prefill {result['prefill_s']:.2f} s; "
               f"decode {result['tokens_per_s']:.1f} tok/s ({result['step_ms']:.1f} ms/step)")
     return result
+
+
+def check_fits(engine, args) -> None:
+    """The streams must all prefill in one step and decode to their last token without being
+    preempted, or the steps timed are not what this benchmark says: an OptionError otherwise."""
+    prompts, length = args.batch * args.prompt_len, args.prompt_len + args.tokens
+    frames = args.batch * cdiv(length, engine.blocks.block_size)
+    usable = engine.blocks.num_frames - engine.scheduler.watermark_frames
+    if length > engine.max_model_len:
+        raise OptionError(f"--prompt-len {args.prompt_len} + --tokens {args.tokens} is longer than this "
+                          f"model's context here, {engine.max_model_len} tokens")
+    if prompts > engine.scheduler.config.max_num_batched_tokens:
+        raise OptionError(f"--batch {args.batch} prompts of {args.prompt_len} tokens do not fit one prefill "
+                          f"step ({engine.scheduler.config.max_num_batched_tokens} tokens): give fewer or shorter")
+    if frames > usable:
+        raise OptionError(f"--batch {args.batch} streams of {length} tokens need {frames} KV frames; the cache "
+                          f"has {usable}: give fewer or shorter")

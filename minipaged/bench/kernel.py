@@ -7,6 +7,7 @@ of at least 4x the L2 cache, so each launch reads from device memory); see bench
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -15,6 +16,7 @@ from tqdm import tqdm
 
 from minipaged.backend import cdiv
 from minipaged.attention import kernels
+from minipaged.llm import number
 
 BLOCK_SIZE = 16
 
@@ -201,10 +203,19 @@ def table(rows: list[dict]) -> str:
             f"the rule picks\n{HEADER}\n" + "\n".join(format_row(row) for row in rows))
 
 
+def version_list(text: str) -> list[int]:
+    """--versions: '1,3,6' -> [1, 3, 6], each one of kernels.VERSIONS."""
+    versions = [v.strip() for v in text.split(",")]
+    if not all(v in map(str, kernels.VERSIONS) for v in versions):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a list of versions from "
+                                         f"{','.join(map(str, kernels.VERSIONS))}, e.g. 1,6")
+    return [int(v) for v in versions]
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--versions", default="1,2,3,4,5,6",
+    parser.add_argument("--versions", type=version_list, default="1,2,3,4,5,6",
                         help="decode kernel versions to time, comma-separated (default %(default)s)")
-    parser.add_argument("--repeats", type=int, default=20,
+    parser.add_argument("--repeats", type=number(int, 1), default=20,
                         help="timed runs per version; the median is reported (default %(default)s)")
 
 
@@ -212,7 +223,7 @@ def bench_kernel(args) -> list:
     """Each version is first checked against dense attention, then timed on four shapes (SmolLM2
     and Llama 3 8B batches, long contexts, an fp32 cache); one row per (shape, version). See
     minipaged/bench/kernel.py."""
-    versions = [int(v) for v in args.versions.split(",")]
+    versions = args.versions
     rows = []
     for shape in tqdm(SHAPES, desc="kernel", unit="shape", delay=1):
         rows += run(shapes=(shape,), versions=versions, repeats=args.repeats, verbose=False)

@@ -14,9 +14,10 @@ from collections import deque
 import numpy as np
 from tqdm import tqdm
 
-from minipaged.bench.common import load, model_arguments, random_prompts, show
+from minipaged.bench.common import OptionError, load, model_arguments, random_prompts, show
 from minipaged.bench.workload import make_workload
-from minipaged.bench.simulate import PROFILES, Profile, poisson_trace, simulate
+from minipaged.bench.simulate import MIN_RATE, PROFILES, Profile, poisson_trace, simulate
+from minipaged.llm import number
 from minipaged.viz import LineChart
 
 SYSTEMS = {"paged": {}, "contiguous-oracle": {"allocator": "contiguous-oracle"},
@@ -25,16 +26,16 @@ SYSTEMS = {"paged": {}, "contiguous-oracle": {"allocator": "contiguous-oracle"},
 
 def latency_arguments(parser) -> None:
     model_arguments(parser)
-    parser.add_argument("--requests", type=int, default=32, help="requests per run (default %(default)s)")
-    parser.add_argument("--rates", type=float, nargs="+", default=[1, 2, 3, 4, 6],
+    parser.add_argument("--requests", type=number(int, 1), default=32, help="requests per run (default %(default)s)")
+    parser.add_argument("--rates", type=number(float, MIN_RATE), nargs="+", default=[1, 2, 3, 4, 6],
                         help="request rates, req/s, Poisson (default %(default)s)")
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
-    parser.add_argument("--prompt-mean", type=float, default=32, help="mean prompt tokens (default %(default)s)")
-    parser.add_argument("--output-mean", type=float, default=32, help="mean output tokens (default %(default)s)")
-    parser.add_argument("--kv-tokens", type=int, default=2048, help="KV cache in tokens (default %(default)s)")
-    parser.add_argument("--max-model-len", type=int, default=512, help="(default %(default)s)")
-    parser.add_argument("--max-num-seqs", type=int, default=16, help="(default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    parser.add_argument("--prompt-mean", type=number(float, 1), default=32, help="mean prompt tokens (default %(default)s)")
+    parser.add_argument("--output-mean", type=number(float, 1), default=32, help="mean output tokens (default %(default)s)")
+    parser.add_argument("--kv-tokens", type=number(int, 16), default=2048, help="KV cache in tokens (default %(default)s)")
+    parser.add_argument("--max-model-len", type=number(int, 16), default=512, help="(default %(default)s)")
+    parser.add_argument("--max-num-seqs", type=number(int, 1), default=16, help="(default %(default)s)")
+    parser.add_argument("--seed", type=number(int, 0), default=0, help="workload seed (default %(default)s)")
     parser.add_argument("--predict", action="store_true",
                         help="also the simulator's prediction (profile cpu-smollm2, fitted to the steps "
                         "timed at the other rates) and its relative error")
@@ -56,21 +57,20 @@ def bench_latency(args, virtual: Profile | None = None) -> dict:
                           prompt_mean=args.prompt_mean, output_mean=args.output_mean, seed=args.seed)
     result = {"requests": args.requests, "kv_tokens": args.kv_tokens, "systems": {}}
     timed: dict[float, list] = {rate: [] for rate in args.rates}  # rate -> (tokens, context, seconds) of each step
-    bar = tqdm(total=len(args.systems) * len(args.rates), desc="latency", unit="run")
-    for name in args.systems:
-        llm = load(args, **engine_options(args), **SYSTEMS[name])[0]
-        prompts = random_prompts(specs, args.seed, llm.model.config.vocab_size)
-        serve_trace(llm.engine, [0.0], prompts[:1], [2], virtual)  # warm-up
-        points = []
-        for rate in args.rates:
-            bar.set_postfix_str(f"{name} at {rate:g}/s")
-            arrivals = [a.time for a in poisson_trace(specs, rate, args.seed)]
-            done = serve_trace(llm.engine, arrivals, prompts, [s.output_len for s in specs], virtual, timed[rate])
-            points.append({"rate": rate, **latency_stats(done)})
-            bar.update()
-        result["systems"][name] = points
-        del llm
-    bar.close()
+    with tqdm(total=len(args.systems) * len(args.rates), desc="latency", unit="run") as bar:
+        for name in args.systems:
+            llm = load(args, **engine_options(args), **SYSTEMS[name])[0]
+            prompts = random_prompts(specs, args.seed, llm.model.config.vocab_size)
+            serve_trace(llm.engine, [0.0], prompts[:1], [2], virtual)  # warm-up
+            points = []
+            for rate in args.rates:
+                bar.set_postfix_str(f"{name} at {rate:g}/s")
+                arrivals = [a.time for a in poisson_trace(specs, rate, args.seed)]
+                done = serve_trace(llm.engine, arrivals, prompts, [s.output_len for s in specs], virtual, timed[rate])
+                points.append({"rate": rate, **latency_stats(done)})
+                bar.update()
+            result["systems"][name] = points
+            del llm
     if args.predict:
         result["profile"] = predict(args, specs, result["systems"], timed, virtual)
     if {"paged", "static"} <= set(result["systems"]):
@@ -204,7 +204,7 @@ CALIBRATION_STEPS = 12  # tokens generated per request of each shape
 
 def calibrate_arguments(parser) -> None:
     model_arguments(parser)
-    parser.add_argument("--decode-steps", type=int, default=CALIBRATION_STEPS,
+    parser.add_argument("--decode-steps", type=number(int, 1), default=CALIBRATION_STEPS,
                         help="tokens generated per request of each shape (default %(default)s)")
 
 
@@ -213,6 +213,9 @@ def bench_calibrate(args) -> dict:
     decode steps) and fits the simulator's step-time model to them by least squares on the
     relative error: seconds = fixed + per_token x tokens computed + per_context x tokens attended."""
     llm = load(args, block_size=16, num_blocks=512, max_num_seqs=16, enable_prefix_caching=False)[0]
+    if args.decode_steps >= llm.max_model_len:
+        raise OptionError(f"--decode-steps {args.decode_steps} leaves no room for a prompt in this "
+                          f"model's context here, {llm.max_model_len} tokens")
     serve_trace(llm.engine, [0.0], [[llm.model.config.vocab_size // 2] * 8], [2])  # warm-up
     rows = time_steps(llm, args.decode_steps)
     profile = fit_profile(rows)

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
+from minipaged.backend import cdiv
+from minipaged.bench.common import OptionError
 from minipaged.bench.workload import make_workload, simulate_memory
+from minipaged.llm import number
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--requests", type=int, default=1000, help="requests in the workload (default %(default)s)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block, paged (default %(default)s)")
-    parser.add_argument("--max-model-len", type=int, default=2048,
+    parser.add_argument("--requests", type=number(int, 1), default=1000, help="requests in the workload (default %(default)s)")
+    parser.add_argument("--block-size", type=number(int, 1), default=16, help="tokens per block, paged (default %(default)s)")
+    parser.add_argument("--max-model-len", type=number(int, 1), default=2048,
                         help="slots the static baseline reserves per request (default %(default)s)")
-    parser.add_argument("--max-num-seqs", type=int, default=64,
+    parser.add_argument("--max-num-seqs", type=number(int, 1), default=64,
                         help="requests running at once (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="workload seed (default %(default)s)")
+    parser.add_argument("--seed", type=number(int, 0), default=0, help="workload seed (default %(default)s)")
 
 
 def bench_memory(args) -> dict:
@@ -28,6 +31,13 @@ def bench_memory(args) -> dict:
     from minipaged.paging import BlockManager, StaticBlockManager
     requests = make_workload(args.requests, seed=args.seed)
     num_slots = args.max_num_seqs * args.max_model_len
+    longest = max(r.prompt_len + r.output_len for r in requests)
+    if longest > args.max_model_len:
+        raise OptionError(f"--max-model-len {args.max_model_len} is shorter than the workload's longest "
+                          f"request, {longest} tokens (prompt + output)")
+    if cdiv(longest, args.block_size) > num_slots // args.block_size:
+        raise OptionError(f"--block-size {args.block_size} leaves the pool of --max-num-seqs x --max-model-len "
+                          f"slots {num_slots // args.block_size} frames, fewer than the longest request needs")
     managers = {"paged": BlockManager(num_slots // args.block_size, args.block_size,
                                       enable_prefix_caching=False),
                 "static": StaticBlockManager(num_slots, args.max_model_len)}

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged.bench.common import load, model_arguments, show
-from minipaged.bench.simulate import fragmentation
+from minipaged.bench.common import OptionError, load, model_arguments, random_prompts, show
+from minipaged.bench.simulate import PROFILES, fragmentation
+from minipaged.bench.workload import RequestSpec
+from minipaged.llm import number
 from minipaged.viz import BarChart
 
 PAPER_TOKEN_STATES = {"contiguous-max": 0.204, "contiguous-pow2": 0.268, "contiguous-oracle": 0.382,
@@ -18,8 +20,9 @@ SHARES = ("token_states", "reserved", "internal", "external")
 
 
 def fragmentation_arguments(parser) -> None:
-    parser.add_argument("--requests", type=int, default=1000, help="requests in the trace (default %(default)s)")
-    parser.add_argument("--block-size", type=int, default=16, help="paging's block size (default %(default)s)")
+    parser.add_argument("--requests", type=number(int, 1), default=1000, help="requests in the trace (default %(default)s)")
+    parser.add_argument("--block-size", type=number(int, 1, PROFILES["opt-13b-a100"].max_model_len), default=16,
+                        help="paging's block size, at most a request's context (default %(default)s)")
     parser.add_argument("--svg", default=None, help="also write the stacked bars to this SVG file")
 
 
@@ -49,10 +52,10 @@ def fragmentation_table(result: dict) -> str:
 
 def chunked_arguments(parser) -> None:
     model_arguments(parser)
-    parser.add_argument("--decodes", type=int, default=4, help="requests decoding throughout (default %(default)s)")
-    parser.add_argument("--prompts", type=int, default=4, help="long prompts arriving (default %(default)s)")
-    parser.add_argument("--prompt-len", type=int, default=768, help="tokens of each long prompt (default %(default)s)")
-    parser.add_argument("--budget", type=int, default=64,
+    parser.add_argument("--decodes", type=number(int, 1), default=4, help="requests decoding throughout (default %(default)s)")
+    parser.add_argument("--prompts", type=number(int, 1), default=4, help="long prompts arriving (default %(default)s)")
+    parser.add_argument("--prompt-len", type=number(int, 1), default=768, help="tokens of each long prompt (default %(default)s)")
+    parser.add_argument("--budget", type=number(int, 1), default=64,
                         help="max_num_batched_tokens with chunking (default %(default)s)")
 
 
@@ -63,6 +66,9 @@ def bench_chunked(args) -> dict:
     for name, options in (("one-step prefill", {}),
                           ("chunked prefill", {"enable_chunked_prefill": True, "max_num_batched_tokens": args.budget})):
         llm = load(args, num_blocks=512, block_size=16, **options)[0]
+        if args.prompt_len >= llm.max_model_len:
+            raise OptionError(f"--prompt-len {args.prompt_len} does not fit this model's context here, "
+                              f"{llm.max_model_len} tokens (one token must be generated)")
         result[name] = decode_tpot(llm, args.decodes, args.prompts, args.prompt_len)
     if not args.json:
         for name, r in result.items():
@@ -74,15 +80,15 @@ def bench_chunked(args) -> dict:
 
 def decode_tpot(llm, num_decodes: int, num_prompts: int, prompt_len: int) -> dict:
     from minipaged.sampling import SamplingParams
-    engine, rng = llm.engine, np.random.default_rng(0)
-    vocab = llm.model.config.vocab_size
+    engine, vocab = llm.engine, llm.model.config.vocab_size
     long_answer = SamplingParams(temperature=0, max_tokens=40 * (num_prompts + 1), ignore_eos=True)
-    for i in range(num_decodes):
-        engine.add_request(f"decode-{i}", {"prompt_token_ids": rng.integers(10, vocab, 16).tolist()}, long_answer)
+    long_prompts = random_prompts([RequestSpec(prompt_len, 1)] * num_prompts, 1, vocab)
+    for i, ids in enumerate(random_prompts([RequestSpec(16, long_answer.max_tokens)] * num_decodes, 0, vocab)):
+        engine.add_request(f"decode-{i}", {"prompt_token_ids": ids}, long_answer)
     gaps, step, arrived = [], 0, 0
     while engine.has_unfinished_requests():
         if step % 40 == 20 and arrived < num_prompts:
-            engine.add_request(f"long-{arrived}", {"prompt_token_ids": rng.integers(10, vocab, prompt_len).tolist()},
+            engine.add_request(f"long-{arrived}", {"prompt_token_ids": long_prompts[arrived]},
                                SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
             arrived += 1
         report = engine.step()

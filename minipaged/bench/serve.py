@@ -16,20 +16,21 @@ import time
 
 import numpy as np
 
-from minipaged.bench.common import random_prompts, serving_arguments
+from minipaged.bench.common import load, random_prompts, serving_arguments
 from minipaged.bench.workload import make_workload
+from minipaged.llm import number
 
 
 def add_arguments(parser) -> None:
     serving_arguments(parser)  # --model --device --requests --seed
     parser.set_defaults(requests=32)
-    parser.add_argument("--request-rate", type=float, default=8.0,
+    parser.add_argument("--request-rate", type=number(float, above=0, infinity=True), default=8.0,
                         help="mean arrivals per second, Poisson (default %(default)s; inf: all at once)")
-    parser.add_argument("--max-model-len", type=int, default=1024, help="(default %(default)s)")
-    parser.add_argument("--kv-tokens", type=int, default=8192,
+    parser.add_argument("--max-model-len", type=number(int, 16), default=1024, help="(default %(default)s)")
+    parser.add_argument("--kv-tokens", type=number(int, 16), default=8192,
                         help="KV cache in tokens, the same for every run (default %(default)s)")
-    parser.add_argument("--max-num-seqs", type=int, default=32, help="(default %(default)s)")
-    parser.add_argument("--blas-threads", type=int, default=1,
+    parser.add_argument("--max-num-seqs", type=number(int, 1), default=32, help="(default %(default)s)")
+    parser.add_argument("--blas-threads", type=number(int, 1), default=1,
                         help="BLAS threads of the server and of the in-process engine; leave a core "
                              "to the HTTP side and the clients (default %(default)s)")
     parser.add_argument("--scheduler", choices=["continuous", "static", "both"], default="both",
@@ -137,16 +138,14 @@ def bench_serve(args) -> dict:
     an in-process engine given the same requests at the same moments."""
     from threadpoolctl import threadpool_limits
 
-    from minipaged.llm import LLM
     from minipaged.sampling import SamplingParams
-    from minipaged.model.weights import resolve_model
 
-    folder = resolve_model(args.model)
     schedulers = ["continuous", "static"] if args.scheduler == "both" else [args.scheduler]
     engine_options = dict(block_size=16, num_blocks=args.kv_tokens // 16, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, scheduler=schedulers[0])
     with threadpool_limits(limits=args.blas_threads, user_api="blas"):
-        llm = LLM(str(folder), device=args.device, **engine_options)
+        llm = load(args, **engine_options)[0]
+    folder = llm.folder
     prompts, max_tokens, arrivals = workload(args, llm.model.config.vocab_size)
     result = {"requests": args.requests, "request_rate": args.request_rate, "kv_tokens": args.kv_tokens,
               "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,

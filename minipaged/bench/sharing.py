@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from minipaged.bench.common import load, random_prompts, serving_arguments
 from minipaged.bench.workload import make_workload
+from minipaged.llm import number
 
 SHARING_ABOVE_THE_PAPER = """\
 Why the ShareGPT-like figures can exceed the paper's:
@@ -27,8 +28,9 @@ Why the ShareGPT-like figures can exceed the paper's:
 def add_arguments(parser) -> None:
     serving_arguments(parser)
     parser.set_defaults(requests=16)
-    parser.add_argument("--width", type=int, default=4,
-                        help="parallel samples n, and beam width (default %(default)s)")
+    parser.add_argument("--width", type=number(int, 2), default=4,
+                        help="parallel samples n, and beam width: at least 2, or nothing is shared "
+                             "(default %(default)s)")
 
 
 def bench_sharing(args) -> dict:

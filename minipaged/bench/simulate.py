@@ -1,4 +1,4 @@
-"""`python -m minipaged.simulate`: the real Scheduler and allocators on a virtual clock.
+"""The simulator behind `python -m minipaged.simulate`: the real Scheduler and allocators on a virtual clock.
 
 No model runs: the scheduler picks its batches over real block managers exactly as in the
 engine, and a step-time model (a Profile, see PROFILES_HELP) says how long each would take.
@@ -6,9 +6,6 @@ engine, and a step-time model (a Profile, see PROFILES_HELP) says how long each 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -240,12 +237,14 @@ def latency_curve(profile: str | Profile, system: str, rates: list[float], num_r
 
 
 MAX_RATE = 2.0**20  # req/s: beyond this every request of a trace arrives at once
+MIN_RATE = 1e-6     # req/s (one in 12 days): slower, arrival times outgrow what float64 resolves a step on
 
 
 def max_sustainable_rate(profile: str | Profile, system: str, threshold: float, num_requests: int,
                          trace: str = "sharegpt", seed: int = 0, **options) -> float:
     """The highest request rate (req/s, to 2%) whose normalized latency stays under `threshold`;
-    MAX_RATE when even the whole trace arriving at once stays under it (too short to saturate)."""
+    MAX_RATE when even the whole trace arriving at once stays under it (too short to saturate);
+    0.0 when not even MIN_RATE does (a threshold below what a request alone takes)."""
     specs = trace_specs(trace, num_requests, seed=seed)
     ok = lambda rate: simulate(profile, system, poisson_trace(specs, rate, seed),
                                **options).normalized_latency <= threshold
@@ -254,7 +253,9 @@ def max_sustainable_rate(profile: str | Profile, system: str, threshold: float, 
         if high >= MAX_RATE:
             return MAX_RATE
         low, high = high, high * 2
-    while high - low > 0.02 * high:
+    if low == 0.0 and not ok(MIN_RATE):  # one run, instead of halving down to MIN_RATE
+        return 0.0
+    while high - low > 0.02 * high and high > MIN_RATE:
         middle = (low + high) / 2
         low, high = (middle, high) if ok(middle) else (low, middle)
     return low
@@ -293,87 +294,3 @@ def ablations(profile: str | Profile, trace: str, num_requests: int, rate: float
 
     return {"rate": rate} | {mode: {b: run(block_size=b, preemption_mode=mode) for b in ABLATION_BLOCK_SIZES}
                              for mode in ("recompute", "swap")}
-
-
-DESCRIPTION = """\
-The real Scheduler and allocators on a virtual clock. No model runs. Each step, the scheduler
-picks its batch over real block managers (paged, contiguous chunks, static regions) exactly as
-in the engine; a step-time model (--profile) says how long that batch would take; sampled
-tokens are dummies, and a request ends at its trace's output length. So the paper's experiments
-run at its scale: a Poisson trace of thousands of requests against OPT-13B's KV budget on an
-A100, or a million requests to see what a simulated one costs.
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minipaged.simulate", description=DESCRIPTION,
-                                     epilog=PROFILES_HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", default="opt-13b-a100", choices=sorted(PROFILES),
-                        help="the step-time model (profiles: below)")
-    parser.add_argument("--trace", default="sharegpt", choices=["sharegpt", "alpaca"])
-    parser.add_argument("--requests", type=int, default=1000, help="requests per simulated run")
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1, 1.5, 2, 3, 4],
-                        help="request rates (req/s) of the latency curves")
-    parser.add_argument("--threshold", type=float, default=0.0, help="s/token a sustainable rate stays under")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="instead: one run per --systems at this rate, timed (e.g. a million requests)")
-    parser.add_argument("--systems", nargs="+", default=list(FIGURE_SYSTEMS), choices=sorted(SYSTEMS))
-    parser.add_argument("--ablations", type=float, default=None, metavar="RATE",
-                        help="instead: block size and recompute-vs-swap ablations at this rate")
-    parser.add_argument("--fixed-scale", type=float, default=1.0, metavar="F",
-                        help="multiply the profile's fixed time per step by F: slower steps, as a real "
-                        "system's are next to a roofline (docs/07_paper.md: how the rate ratios depend on it)")
-    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the text")
-    return parser
-
-
-def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.fixed_scale <= 0:
-        parser.error(f"--fixed-scale must be positive, got {args.fixed_scale:g}")
-    profile = PROFILES[args.profile]
-    profile = dataclasses.replace(profile, fixed=args.fixed_scale * profile.fixed)
-    start = time.perf_counter()
-    if args.rate is not None:
-        specs = trace_specs(args.trace, args.requests)
-        result = {s: {"normalized_latency": simulate(profile, s, poisson_trace(specs, args.rate))
-                      .normalized_latency} for s in args.systems}
-    elif args.ablations is not None:
-        result = ablations(profile, args.trace, args.requests, args.ablations)
-    else:
-        result = figure12(profile, args.trace, args.requests, args.rates, args.threshold)
-    seconds = time.perf_counter() - start
-    result = {"profile": args.profile, "requests": args.requests, "seconds": seconds} | result
-    if args.fixed_scale != 1:
-        result["fixed_scale"] = args.fixed_scale
-    print(json.dumps(result, indent=2) if args.json else text_report(result))
-    return 0
-
-
-def text_report(result: dict) -> str:
-    scale = f" (fixed step time x {result['fixed_scale']:g})" if "fixed_scale" in result else ""
-    lines = [f"{result['profile']}{scale}, {result['requests']:,} requests per run, simulated in {result['seconds']:.1f} s"]
-    for name, points in result.get("curves", {}).items():
-        lines.append(f"  {name:<18} " + "  ".join(f"{p['rate']:g}/s: {p['normalized_latency']:.3f}" for p in points))
-    if "max_rate" in result:
-        lines.append(f"highest rate under {result['threshold']:.3f} s/token: "
-                     + ", ".join(f"{s} {r:.2f}/s" for s, r in result["max_rate"].items()))
-        for key, ratio in result["rate_ratio"].items():
-            low, high = PAPER_RATE_RATIOS[key]
-            lines.append(f"  paged {key.replace('_', ' ')}: {ratio:.2f}x (paper: {low}-{high}x)")
-    if "swap" in result:
-        lines.append(f"paged at {result['rate']:g} req/s, normalized latency (s/token) and preemptions, by block size:")
-        lines.append(f"  {'block size':<12}" + "".join(f"{b:>9}" for b in ABLATION_BLOCK_SIZES))
-        for name in ("recompute", "swap"):
-            lines.append(f"  {name:<12}" + "".join(f"{r['normalized_latency']:>9.4f}" for r in result[name].values()))
-            lines.append(f"  {'  preempted':<12}" + "".join(f"{r['preemptions']:>9}" for r in result[name].values()))
-    for name, r in result.items():
-        if isinstance(r, dict) and "normalized_latency" in r and name != "curves":
-            lines.append(f"  {name}: {r['normalized_latency']:.4f} s/token")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

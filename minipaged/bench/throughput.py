@@ -13,17 +13,18 @@ from tqdm import tqdm
 
 from minipaged.bench.common import load, random_prompts, serving_arguments
 from minipaged.bench.workload import make_workload
+from minipaged.llm import number
 
 
 def add_arguments(parser) -> None:
     serving_arguments(parser)
-    parser.add_argument("--max-model-len", type=int, default=1024,
+    parser.add_argument("--max-model-len", type=number(int, 16), default=1024,
                         help="context per request; the static baseline reserves this much each "
                              "(default %(default)s)")
-    parser.add_argument("--kv-tokens", type=int, default=8192,
+    parser.add_argument("--kv-tokens", type=number(int, 16), default=8192,
                         help="KV cache size in tokens, the same for both; static runs "
                              "kv-tokens / max-model-len requests at once (default %(default)s)")
-    parser.add_argument("--max-num-seqs", type=int, default=32,
+    parser.add_argument("--max-num-seqs", type=number(int, 1), default=32,
                         help="continuous batching's batch limit (default %(default)s)")
 
 

@@ -1,7 +1,8 @@
 """The HTTP layer: OpenAI-shaped routes (FastAPI), /metrics, and the dashboard.
 
 The first stop of a request that comes over the network: read (bounded), checked (protocol.py)
-and tokenized here, then handed to the engine loop; its updates leave as JSON or as SSE.
+and tokenized here, then handed to the engine loop; its updates leave as JSON or as SSE. Every
+error a client can cause is OpenAI's error JSON, and none leaves a traceback in the log.
 """
 
 from __future__ import annotations
@@ -15,24 +16,36 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic.json_schema import models_json_schema
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from minipaged.serve import protocol
 from minipaged.serve.dashboard import Dashboard, page
 from minipaged.serve.loop import EngineLoop, Update
 from minipaged.serve.metrics import Metrics
-from minipaged.serve.protocol import APIError
+from minipaged.serve.protocol import ERROR_TYPES, APIError
 
 SAMPLING_FIELDS = {"n", "temperature", "top_k", "top_p", "max_tokens", "stop", "stop_token_ids",
                    "ignore_eos", "seed"}
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+
+
+class ClientGone(Exception):
+    """The client hung up before its answer was ready: nobody reads one, nothing is logged."""
 
 
 @dataclass
 class ServerConfig:
     model_name: str                 # the name clients put in "model" (vLLM's --served-model-name)
-    api_key: str | None = None      # when set, every /v1 route wants "Authorization: Bearer <key>"
+    api_key: str | None = None      # when set, every /v1 route wants "Authorization: Bearer <key>",
+                                    # and the dashboard's data shows text only to the key
     max_waiting: int = 256          # unfinished requests beyond max_num_seqs that may queue; more get 503
     dashboard_show_text: bool = False
+    default_max_tokens: int = 256   # a chat request without max_tokens (less if the context or pool is smaller)
+    max_tokens_limit: int | None = None  # more is a 400 (None: the context is the only limit)
     max_body_bytes: int = 1 << 20   # a larger body gets 413
     snapshot_interval: float = 0.1  # seconds between dashboard snapshots (about 10 a second)
 
@@ -46,12 +59,15 @@ class Server:
     def __init__(self, engine, tokenizer, config: ServerConfig):
         self.config, self.tokenizer = config, tokenizer
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.config.max_num_seqs
+        self.num_frames, self.block_size = engine.blocks.num_frames, engine.blocks.block_size
+        self.vocab_size = engine.model.config.vocab_size  # for the schema: the engine checks token ids
         self.metrics = Metrics(config.model_name)
         self.dashboard = Dashboard(config.model_name, config.snapshot_interval, config.dashboard_show_text)
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
         self.ids = itertools.count()
         self.created = int(time.time())
         self.app = self._routes(FastAPI(title="minipaged", lifespan=self._lifespan))
+        self.app.openapi = self.openapi
 
     @asynccontextmanager
     async def _lifespan(self, app):
@@ -62,15 +78,91 @@ class Server:
     # ---- routes ----------------------------------------------------------------------------
     def _routes(self, app: FastAPI) -> FastAPI:
         app.exception_handler(APIError)(lambda request, error: JSONResponse(error.body(), error.status))
+        app.exception_handler(HTTPException)(self._no_route)
+        app.exception_handler(ClientGone)(lambda request, error: Response(status_code=499))  # nginx's "client closed"
+        # a bug: still OpenAI's JSON for the client, and (Starlette re-raises it) a traceback in the log
+        app.exception_handler(Exception)(lambda request, error: JSONResponse(
+            APIError(500, f"internal error: {type(error).__name__}").body(), 500))
         app.get("/health")(self.health)
         app.get("/metrics")(lambda: Response(self.metrics.render(), media_type="text/plain; version=0.0.4"))
         app.get("/v1/models")(self.models)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/chat/completions")(self.chat_completions)
-        app.get("/")(lambda: HTMLResponse(page()))
+        app.get("/", include_in_schema=False)(lambda: HTMLResponse(page()))
         app.get("/dashboard/snapshot")(self.snapshot)
-        app.get("/dashboard/events")(self.snapshot_events)
+        app.get("/dashboard/events", include_in_schema=False)(self.snapshot_events)
         return app
+
+    def openapi(self) -> dict:
+        """/openapi.json: the request and response models of protocol.py, with this server's own
+        bounds (the model it serves, n up to max_num_seqs, max_tokens up to its limit, token ids
+        in its vocabulary, prompts per request up to what may queue), so that a client
+        generator or a fuzzer knows what is accepted."""
+        if self.app.openapi_schema is None:
+            self.app.openapi_schema = self._schema()
+        return self.app.openapi_schema
+
+    def _schema(self) -> dict:
+        schema = get_openapi(title="minipaged", version="0.1.0", routes=self.app.routes,
+                             description="An OpenAI-compatible server (python -m minipaged.serve).")
+        models = [protocol.CompletionRequest, protocol.ChatCompletionRequest, protocol.CompletionResponse,
+                  protocol.ChatCompletionResponse, protocol.ModelList, protocol.ErrorResponse]
+        _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+        schema.setdefault("components", {})["schemas"] = self._own_bounds(defs["$defs"])
+
+        def ref(name: str) -> dict:
+            return {"schema": {"$ref": f"#/components/schemas/{name}"}}
+
+        def errors(*statuses: int) -> dict:
+            return {str(s): {"description": ERROR_TYPES[s], "content": {"application/json": ref("ErrorResponse")}}
+                    for s in statuses + ((401,) if self.config.api_key else ())}
+
+        paths = schema["paths"]
+        for path, request, response in (("/v1/completions", "CompletionRequest", "CompletionResponse"),
+                                        ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletionResponse")):
+            paths[path]["post"]["requestBody"] = {"required": True, "content": {"application/json": ref(request)}}
+            paths[path]["post"]["responses"] = errors(400, 404, 413, 503) | {"200": {
+                "description": "the answer; with stream=true, server-sent events of chunks ending in [DONE]",
+                "content": {"application/json": ref(response), "text/event-stream": {"schema": {  # each event
+                    "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}}}
+        paths["/v1/models"]["get"]["responses"] = errors() | {
+            "200": {"description": "the model served", "content": {"application/json": ref("ModelList")}}}
+        paths["/health"]["get"]["responses"] = errors(503) | {"200": {"description": "the engine loop runs"}}
+        paths["/metrics"]["get"]["responses"] = {"200": {"description": "Prometheus metrics",
+                                                         "content": {"text/plain": {"schema": {"type": "string"}}}}}
+        if self.config.api_key:
+            schema["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}
+            for path in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+                for operation in paths[path].values():
+                    operation["security"] = [{"key": []}]
+        return schema
+
+    def _own_bounds(self, schemas: dict) -> dict:
+        """The request schemas with what this server accepts: its model, n up to max_num_seqs,
+        max_tokens up to the limit, token ids in the vocabulary, prompts up to what may queue."""
+        limit = self.config.max_tokens_limit or self.max_model_len - 1
+        for name in ("CompletionRequest", "ChatCompletionRequest"):
+            fields = schemas[name]["properties"]
+            fields["model"]["anyOf"][0]["enum"] = [self.config.model_name]
+            fields["n"]["maximum"] = self.max_num_seqs
+            fields["max_tokens"]["anyOf"][0]["maximum"] = fields["max_completion_tokens"]["anyOf"][0]["maximum"] = limit
+            fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = self.vocab_size - 1
+        ids, texts, ids_batch = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"][1:]  # after str
+        texts["maxItems"] = ids_batch["maxItems"] = self.max_num_seqs + self.config.max_waiting
+        ids["items"]["maximum"] = ids_batch["items"]["items"]["maximum"] = self.vocab_size - 1
+        return schemas
+
+    async def _no_route(self, request: Request, error: HTTPException) -> JSONResponse:
+        """An unknown path (404) or a wrong method (405), in OpenAI's shape rather than FastAPI's."""
+        if error.status_code == 404:
+            message = (f"{request.method} {request.url.path} is not a route of this server: it answers "
+                       "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics and / (the dashboard)")
+        elif error.status_code == 405:
+            allowed = (error.headers or {}).get("allow", "another method")
+            message = f"{request.url.path} does not take {request.method}: use {allowed}"
+        else:
+            message = str(error.detail)
+        return JSONResponse(APIError(error.status_code, message).body(), error.status_code, headers=error.headers)
 
     async def health(self) -> Response:
         if self.loop.error:
@@ -86,7 +178,12 @@ class Server:
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request, protocol.CompletionRequest)
-        prompts = [self._prompt(p, "prompt") for p in body.prompts()]
+        prompts, most = body.prompts(), self.max_num_seqs + self.config.max_waiting
+        if len(prompts) > most:  # it could never be queued whole: not a 503 (clients retry those)
+            raise APIError(400, f"{len(prompts)} prompts in one request, but this server holds at most {most} "
+                           f"requests at once ({self.max_num_seqs} running, --max-waiting {self.config.max_waiting} "
+                           f"waiting): send at most {most} prompts per request", "prompt")
+        prompts = [self._prompt(p, "prompt") for p in prompts]
         return await self._generate(request, body, prompts, chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
@@ -99,8 +196,8 @@ class Server:
         prompt = self._prompt(ids, "messages") | {"prompt": conversation[-1]["content"]}  # for --dashboard-show-text
         return await self._generate(request, body, [prompt], chat=True)
 
-    async def snapshot(self) -> JSONResponse:
-        return JSONResponse(self.dashboard.latest or {})
+    async def snapshot(self, request: Request) -> JSONResponse:
+        return JSONResponse(self._dashboard_view(request) or {})
 
     async def snapshot_events(self, request: Request) -> StreamingResponse:
         """Server-sent events: each new snapshot, checked every snapshot_interval seconds."""
@@ -108,19 +205,31 @@ class Server:
             version = -1
             while not await request.is_disconnected():
                 if self.dashboard.version != version and self.dashboard.latest is not None:
-                    version, latest = self.dashboard.version, self.dashboard.latest
+                    version, latest = self.dashboard.version, self._dashboard_view(request)
                     yield f"data: {json.dumps(latest, separators=(',', ':'))}\n\n"
                 await asyncio.sleep(self.config.snapshot_interval)
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
+    def _dashboard_view(self, request: Request) -> dict | None:
+        """The latest snapshot; with --api-key, prompts and answers only for the key (the page
+        itself stays open for the projector: /?key=KEY passes the key on to its events)."""
+        return self.dashboard.latest if self._has_key(request, in_query=True) else self.dashboard.public
+
     # ---- a request, checked -------------------------------------------------------------------
-    def _authorize(self, request: Request) -> None:
+    def _has_key(self, request: Request, in_query: bool = False) -> bool:
+        """No --api-key, or the request has it: 'Authorization: Bearer <key>' (or ?key=<key>
+        where in_query, for a browser's EventSource, which cannot send headers)."""
         key = self.config.api_key
         if key is None:
-            return
+            return True
         given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        if in_query and not given:
+            given = f"Bearer {request.query_params.get('key', '')}"
+        return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
+
+    def _authorize(self, request: Request) -> None:
+        if not self._has_key(request):
             raise APIError(401, "Incorrect or missing API key: send the header "
                            "'Authorization: Bearer <key>' with the key the server was started with")
 
@@ -132,15 +241,14 @@ class Server:
         if length.isdigit() and int(length) > limit:
             raise too_large
         raw = bytearray()
-        async for chunk in request.stream():  # a body without Content-Length is counted as it comes
-            raw += chunk
-            if len(raw) > limit:
-                raise too_large
         try:
-            parsed = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise APIError(400, f"the request body is not valid JSON: {error}") from None
-        body = protocol.parse(model, parsed)
+            async for chunk in request.stream():  # a body without Content-Length is counted as it comes
+                raw += chunk
+                if len(raw) > limit:
+                    raise too_large
+        except ClientDisconnect:  # it hung up halfway through its body
+            raise ClientGone from None
+        body = protocol.parse(model, protocol.decode(raw))
         if body.model is not None and body.model != self.config.model_name:
             raise APIError(404, f"The model `{body.model}` does not exist. This server serves "
                            f"`{self.config.model_name}` (GET /v1/models lists it).", "model")
@@ -159,9 +267,17 @@ class Server:
 
     def _params(self, body, prompts: list[dict], chat: bool):
         longest = max(len(p["prompt_token_ids"]) for p in prompts)
-        room = self.max_model_len - longest
-        try:  # vLLM's defaults: 16 tokens for completions, the rest of the context for chat
-            params = body.sampling_params(default_max_tokens=min(16, room) if not chat else room)
+        max_tokens, field = body.asked_max_tokens
+        limit = self.config.max_tokens_limit
+        if max_tokens is None:  # the default, no more than the context left and the pool holds for n
+            default = self.config.default_max_tokens if chat else COMPLETIONS_MAX_TOKENS
+            max_tokens = max(1, min(default, limit or default, self.max_model_len - longest,
+                                    self._pool_room(longest, body.n)))
+        elif limit is not None and max_tokens > limit:
+            raise APIError(400, f"{field}={max_tokens} is more than this server's limit of {limit} tokens "
+                           "(--max-tokens-limit); ask for fewer", field)
+        try:
+            params = body.sampling_params(max_tokens)
         except ValueError as error:
             field = str(error).split()[0]
             raise APIError(400, str(error), field if field in SAMPLING_FIELDS else None) from None
@@ -171,6 +287,11 @@ class Server:
                            f"the prompt, {params.max_tokens} in the completion). Please reduce the "
                            "length of the prompt or of the completion (max_tokens).", "max_tokens")
         return params
+
+    def _pool_room(self, prompt_len: int, n: int) -> int:
+        """The most tokens each of n sequences may add to a prompt with the whole KV pool to
+        itself, in the worst case (each with its own frames): LLMEngine._check_fits in reverse."""
+        return (self.num_frames // n) * self.block_size - prompt_len
 
     # ---- a request, run ------------------------------------------------------------------------
     async def _generate(self, request: Request, body, prompts: list[dict], chat: bool) -> Response:
@@ -209,6 +330,7 @@ class Run:
         self.unfinished = set(request_ids)
         self.early: list[Update] = []  # text that came while waiting for every acceptance
         self.watcher: asyncio.Task | None = None
+        self.gone = False              # the client hung up
 
     async def start(self) -> None:
         """Hand the prompts to the loop; return once each is accepted, or raise the first refusal
@@ -248,6 +370,8 @@ class Run:
                 raise APIError(503, update.error)
             if update.output is not None:
                 outputs[update.request_id] = update.output
+        if self.gone:  # its requests were aborted: some outputs are missing, and nobody reads them
+            raise ClientGone
         return [outputs[request_id] for request_id in self.ids]
 
     async def chunks(self, response_id: str, kind: str, model: str, chat: bool, prompt_tokens: int | None):
@@ -288,6 +412,7 @@ class Run:
         """The request's body is read: the next ASGI message is the client going away."""
         while (await self.request.receive())["type"] != "http.disconnect":
             pass
+        self.gone = True
         self.close()
 
     def close(self) -> None:

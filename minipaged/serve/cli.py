@@ -7,6 +7,7 @@ the calling process (tests, the serving benchmark, a notebook).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import socket
@@ -16,13 +17,14 @@ import time
 
 import uvicorn
 
+from minipaged.llm import CommandParser, number
 from minipaged.serve.api import Server, ServerConfig
 
 EPILOG = """\
 examples:
   python -m minipaged.serve                                 # SmolLM2 on 127.0.0.1:8000
   python -m minipaged.serve --host 0.0.0.0 --api-key room42 # a workshop room on the network
-  python -m minipaged.serve --scheduler static              # the before picture: static batching
+  python -m minipaged.serve --scheduler static --max-model-len 1024  # the before picture
 
 Then, from any machine that reaches it:
   from openai import OpenAI
@@ -33,37 +35,51 @@ Then, from any machine that reaches it:
 
 def size(text: str) -> int:
     """Bytes from '536870912', '512M', '512MiB' or '1G' (binary units)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", text, re.I)
+    match = re.fullmatch(r"\s*(\d{1,15})\s*([KMG]?)(i?B)?\s*", text, re.I)
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes, or e.g. 512M or 1G")
+    if int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the KV cache needs more than 0 bytes")
     return int(match[1]) * 1024 ** " KMG".index((match[2] or " ").upper())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minipaged.serve", epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     description="An OpenAI-compatible server with a live page-table dashboard.")
+    parser = CommandParser(prog="python -m minipaged.serve", epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description="An OpenAI-compatible server with a live page-table dashboard.")
     add = parser.add_argument
     add("--model", default=None, help="hub id or local folder (default: SmolLM2-135M-Instruct, offline if need be)")
     add("--served-model-name", default=None, help="the name clients send as `model` (default: --model's)")
     add("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when usable, else cpu")
     add("--host", default="127.0.0.1", help="address to listen on (default %(default)s; 0.0.0.0 for a room)")
-    add("--port", type=int, default=8000, help="default %(default)s; 0 picks a free one")
+    add("--port", type=number(int, 0, 65535), default=8000, help="default %(default)s; 0 picks a free one")
     add("--api-key", default=os.environ.get("MINIPAGED_API_KEY"),
-        help="every /v1 route then wants 'Authorization: Bearer KEY' (default: $MINIPAGED_API_KEY)")
-    add("--block-size", type=int, default=16, help="tokens per KV block (default %(default)s)")
+        help="every /v1 route then wants 'Authorization: Bearer KEY', and the dashboard's data "
+             "(/dashboard/snapshot, /dashboard/events) holds prompts and answers only for the key: "
+             "the page at / stays open for the projector, /?key=KEY shows the text "
+             "(default: $MINIPAGED_API_KEY)")
+    add("--block-size", type=number(int, 1), default=16, help="tokens per KV block (default %(default)s)")
+    # a default of 0 below means "work it out" (argparse does not check a default): typed, it is refused
     add("--kv-cache-memory", type=size, default=0, help="KV cache size, e.g. 256M (default: 512M on a CPU)")
-    add("--num-blocks", type=int, default=0, help="KV frames, instead of --kv-cache-memory (a small pool shows more)")
-    add("--max-model-len", type=int, default=0, help="longest prompt + answer (default: the model's)")
-    add("--max-num-seqs", type=int, default=64, help="most sequences in one batch (default %(default)s)")
+    add("--num-blocks", type=number(int, 1), default=0,
+        help="KV frames, instead of --kv-cache-memory (a small pool shows more)")
+    add("--max-model-len", type=number(int, 2), default=0, help="longest prompt + answer (default: the model's)")
+    add("--max-num-seqs", type=number(int, 1), default=64, help="most sequences in one batch (default %(default)s)")
     add("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     add("--scheduler", default="continuous", choices=["continuous", "static"],
         help="static: the pre-Orca baseline, for a before/after demo")
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    add("--max-waiting", type=int, default=256,
+    add("--max-waiting", type=number(int, 0), default=256,
         help="requests that may queue beyond --max-num-seqs; more get 503 (default %(default)s)")
+    add("--default-max-tokens", type=number(int, 1), default=256,
+        help="tokens a chat answer may take when the request gives no max_tokens, fewer if the context "
+             "or the KV pool (for n answers) holds less; completions keep OpenAI's 16 (default %(default)s)")
+    add("--max-tokens-limit", type=number(int, 1), default=None,
+        help="the most max_tokens a request may ask for: more is a 400 that says the limit "
+             "(default: no limit but the context)")
     add("--dashboard-show-text", action="store_true",
-        help="show prompts and answers on the dashboard (by default: ids and token counts only)")
+        help="show prompts and answers on the dashboard (by default: ids and token counts only); "
+             "with --api-key, only to the key")
     add("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     return parser
 
@@ -125,20 +141,34 @@ class ServerThread:
         self.sock.close()
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """bind(), or an OSError that says what to do (before the model loads: no wait to learn it)."""
+    try:
+        return bind(host, port)
+    except socket.gaierror:
+        raise OSError(f"--host {host}: no such address on this machine (try 127.0.0.1, or 0.0.0.0 for a room)") from None
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise OSError(f"--port {port}: another program listens there already (pick another port, or 0 for "
+                          "a free one)") from None
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     from minipaged.llm import LLM
     from minipaged.model.weights import DEFAULT_MODEL
-    try:
+    try:  # a mistake found after parsing reads as argparse's: one line on stderr, exit code 2
+        sock = listen(args.host, args.port)
         llm = LLM(args.model, device=args.device, **engine_options(args))
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (ValueError, RuntimeError, OSError) as error:  # a bad option, no GPU, no such model or address
+        parser.error(str(error))
     name = args.served_model_name or args.model or DEFAULT_MODEL
     server = Server(llm.engine, llm.tokenizer, ServerConfig(
         model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
-        dashboard_show_text=args.dashboard_show_text))
-    sock = bind(args.host, args.port)
+        dashboard_show_text=args.dashboard_show_text, default_max_tokens=args.default_max_tokens,
+        max_tokens_limit=args.max_tokens_limit))
     port = sock.getsockname()[1]
     blocks = llm.engine.blocks
     print(f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "

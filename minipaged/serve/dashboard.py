@@ -22,7 +22,8 @@ class Dashboard:
     """After a step (at most every `interval` seconds, about ten times a second, and once more
     when the engine falls idle) it reads the block manager and the scheduler's queues on the
     engine thread and publishes one plain dict as `latest`. It names requests by id and counts
-    their tokens; their text only with `show_text` (the server's --dashboard-show-text)."""
+    their tokens; their text only with `show_text` (the server's --dashboard-show-text), and
+    `public` is always the same snapshot without text (what a client without the API key gets)."""
 
     def __init__(self, model_name: str, interval: float = 0.1, show_text: bool = False,
                  timeline_steps: int = 200):
@@ -31,6 +32,7 @@ class Dashboard:
         self.recent: deque[tuple[float, int]] = deque()            # (time, tokens sampled) for tok/s
         self.totals = {"steps": 0, "finished": 0, "preemptions": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self.latest: dict | None = None  # replaced, never changed: readers on other threads are safe
+        self.public: dict | None = None  # latest without prompts and answers
         self.version, self.published = 0, 0.0
 
     # ---- the engine loop's watcher interface (engine thread) ---------------------------------
@@ -39,7 +41,9 @@ class Dashboard:
         if report is not None:
             self._record(report, now)
         if idle or now - self.published >= self.interval:
-            self.latest = self.snapshot(engine, now)
+            latest = self.snapshot(engine, now)
+            self.public = without_text(latest) if self.show_text else latest
+            self.latest = latest
             self.version, self.published = self.version + 1, now
 
     def finished(self, output, stream) -> None:
@@ -104,3 +108,11 @@ class Dashboard:
         if self.show_text:
             view["prompt"] = request.prompt
         return view
+
+
+def without_text(snapshot: dict) -> dict:
+    """A snapshot with its prompts and answers left out: ids, token counts and frames only."""
+    requests = [{k: v for k, v in r.items() if k != "prompt"}
+                | {"seqs": [{k: v for k, v in seq.items() if k != "text"} for seq in r["seqs"]]}
+                for r in snapshot["requests"]]
+    return snapshot | {"requests": requests}
