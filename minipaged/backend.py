@@ -85,14 +85,16 @@ def fit_blas_threads(samples: int = 5) -> int:
     threads than with 1. On an idle machine all cores stay in use. The count never exceeds what
     BLAS started with (its default or OPENBLAS_NUM_THREADS). Called when a model is loaded
     (`LLM()` on a CPU), by the chat before each answer and by the benchmarks before they
-    measure; call it again when the machine's load changes.
+    measure. While a model runs, `follow_machine_load` keeps the count up to date cheaply.
     """
     from threadpoolctl import threadpool_limits
     most = blas_threads_at_start()
     if most == 0:  # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
         return 1
-    threads = max(1, min(most, len(_usable_cores()) - busy_cores(samples)))
+    busy = busy_cores(samples)
+    threads = max(1, min(most, len(_usable_cores()) - busy))
     threadpool_limits(limits=threads, user_api="blas")
+    _cores.now, _cores.looks, _cores.checked = threads, [busy], time.monotonic()
     return threads
 
 
@@ -140,3 +142,125 @@ def _own_running_threads() -> int:
 
 def _usable_cores() -> set[int]:
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+# ---- How a projection `x @ w` is computed on a CPU -----------------------------------------------
+#
+# A decode step multiplies a few rows (one per running sequence) by every weight matrix of the
+# model. With one row the product is memory-bound: each weight is read once, and BLAS's
+# matrix-vector code streams it at the memory's speed. With hundreds of rows it is compute-bound,
+# and BLAS's matrix-matrix code (GEMM) first copies ("packs") the weight into cache-sized tiles so
+# its inner loop runs at the cores' peak. In between, for 2 to 16 rows, the work is still
+# memory-bound, yet the BLAS picks the GEMM: packing the whole weight at every call cost 2.5x the
+# time of reading it, so two streams decoded slower than one.
+#
+# The fix is a layout. A `PanelWeight` stores the (in, out) matrix as out/64 panels of (in, 64),
+# one after another. `x @ panels` is then a stack of small products that OpenBLAS computes
+# straight from memory, without packing (a "small-matrix" kernel), reading each weight once
+# whatever the batch; the panels are split over the cores that are free now. From 64 rows on,
+# the products are big enough for the GEMM to pay, and the panels are put back side by side.
+# bench/results/2026-12-01-cpu-2core-numpy-batching/ has the measurements.
+
+PANEL = 64        # columns per panel: (16 rows x in x 64) stays under OpenBLAS's small-matrix size
+GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
+
+
+class PanelWeight:
+    """An (in, out) weight matrix kept as panels of PANEL columns, for CPU decoding; `x @ w` works
+    as on an array (the model's code does not change) and returns an ndarray (rows, out)."""
+
+    __array_ufunc__ = None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
+
+    def __init__(self, array: np.ndarray):
+        rows, cols = array.shape
+        padded = cdiv(cols, PANEL) * PANEL
+        if padded != cols:  # a last, narrower panel is padded with zeros, cut off after the product
+            array = np.pad(array, ((0, 0), (0, padded - cols)))
+        self.shape, self.dtype = (rows, cols), array.dtype
+        self.panels = np.ascontiguousarray(array.reshape(rows, padded // PANEL, PANEL).transpose(1, 0, 2))
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+    def dense(self) -> np.ndarray:
+        """The (in, out) matrix, a new contiguous copy."""
+        n, rows, width = self.panels.shape
+        return self.panels.transpose(1, 0, 2).reshape(rows, n * width)[:, :self.shape[1]]
+
+    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2 or x.shape[1] != self.shape[0]:
+            raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
+        follow_machine_load()
+        if len(x) >= GEMM_ROWS:
+            return x @ self.dense()
+        out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))
+        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi], out=out[lo:hi]), len(self.panels))
+        return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
+
+
+def projection_weight(array, xp):
+    """How the model stores a weight that multiplies activations (`x @ w`): panels on a CPU,
+    the plain array on a GPU (cuBLAS has no such gap) or with MINIPAGED_CPU_PANELS=0 (to
+    measure the difference)."""
+    if xp is np and os.environ.get("MINIPAGED_CPU_PANELS", "1") != "0":
+        return PanelWeight(np.asarray(array))
+    return array
+
+
+def _split(work, n: int) -> None:
+    """Runs work(lo, hi) over [0, n) in one piece per free core: the others in a thread pool
+    (NumPy releases the GIL inside BLAS), the first in this thread."""
+    parts = min(_cores.now, n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    futures = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    work(bounds[0], bounds[1])
+    for future in futures:
+        future.result()
+
+
+@functools.cache
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=max(1, len(_usable_cores()) - 1), thread_name_prefix="panels")
+
+
+class _Cores:
+    """The cores this process should use now, looked at again at most every `period` seconds
+    with one cheap sample (about 20 us) of the machine's load, so a long-running server follows
+    it: a median over the last 5 looks (2.5 s) ignores a passing blip."""
+
+    def __init__(self, period: float = 0.5):
+        self.period, self.now, self.looks, self.checked = period, 1, [], -1e9
+
+    def follow(self) -> None:
+        moment = time.monotonic()
+        if moment - self.checked < self.period:
+            return
+        self.checked = moment
+        self.looks = self.looks[-4:] + [busy_cores(samples=1)]
+        free = max(1, len(_usable_cores()) - round(statistics.median(self.looks)))
+        most = blas_threads_at_start() or len(_usable_cores())
+        if min(free, most) != self.now:
+            self.now = min(free, most)
+            _set_blas_threads(self.now)
+
+
+_cores = _Cores()
+
+
+def follow_machine_load() -> int:
+    """The cores to use now (see _Cores); BLAS's own thread count is kept equal to it."""
+    _cores.follow()
+    return _cores.now
+
+
+def _set_blas_threads(threads: int) -> None:
+    for controller in _blas_controllers():
+        controller.set_num_threads(threads)
+
+
+@functools.cache
+def _blas_controllers():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(user_api="blas").lib_controllers

@@ -83,3 +83,59 @@ def test_busy_cores_sees_a_competing_process():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+# ---- how a projection is computed on a CPU -------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(576, 960), (8, 64), (5, 3), (16, 130)])
+@pytest.mark.parametrize("rows", [1, 2, 7, 63, 64, 100])
+def test_panel_weight_multiplies_as_the_plain_matrix(shape, rows):
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal(shape, dtype=np.float32)
+    x = rng.standard_normal((rows, shape[0]), dtype=np.float32)
+    out = x @ backend.PanelWeight(w)
+    assert type(out) is np.ndarray and out.shape == (rows, shape[1]) and out.dtype == np.float32
+    np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(backend.PanelWeight(w).dense(), w)
+
+
+def test_panel_weight_says_what_does_not_match():
+    with pytest.raises(ValueError, match=r"x @ w: x \(2, 4\) does not match a weight of shape \(3, 5\)"):
+        np.ones((2, 4), np.float32) @ backend.PanelWeight(np.ones((3, 5), np.float32))
+
+
+def test_panels_on_the_cpu_plain_arrays_when_switched_off(monkeypatch):
+    w = np.ones((4, 6), np.float32)
+    assert isinstance(backend.projection_weight(w, np), backend.PanelWeight)
+    monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
+    assert backend.projection_weight(w, np) is w
+
+
+def test_the_panels_are_split_over_the_free_cores(monkeypatch):
+    """Each core gets its own contiguous share of the panels, and together they cover all."""
+    seen = []
+    monkeypatch.setattr(backend._cores, "now", 3)
+    monkeypatch.setattr(backend, "follow_machine_load", lambda: 3)
+    backend._split(lambda lo, hi: seen.append((lo, hi)), 10)
+    assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
+
+
+def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
+    """One cheap look every `period` seconds; the median of the last five decides; BLAS follows."""
+    cores = backend._Cores(period=0.0)
+    monkeypatch.setattr(backend, "_usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(backend, "blas_threads_at_start", lambda: 2)
+    looks = iter([0, 0, 0, 1, 1, 1, 1, 1, 0])
+    monkeypatch.setattr(backend, "busy_cores", lambda samples: next(looks))
+    seen = []
+    for _ in range(9):
+        cores.follow()
+        seen.append(cores.now)
+    assert seen == [2, 2, 2, 2, 2, 1, 1, 1, 1]   # a neighbour for three looks out of five: one core
+    assert blas_threads() == {1}
+    monkeypatch.setattr(backend, "busy_cores", lambda samples: 0)
+    slow = backend._Cores(period=3600)
+    slow.follow()
+    slow.now = 7
+    slow.follow()   # within the period: no look, no change
+    assert slow.now == 7
