@@ -159,7 +159,8 @@ def _usable_cores() -> set[int]:
 # straight from memory, without packing (a "small-matrix" kernel), reading each weight once
 # whatever the batch; the panels are split over the cores that are free now. From 64 rows on,
 # the products are big enough for the GEMM to pay, and the panels are put back side by side.
-# bench/results/2026-12-01-cpu-2core-numpy-batching/ has the measurements.
+# Other BLAS libraries choose differently (Apple's Accelerate on a Mac, MKL), so the choice is
+# timed once on each machine (`panels_pay`). Measured: bench/results/2026-12-01-cpu-2core-numpy-batching/.
 
 PANEL = 64        # columns per panel: (16 rows x in x 64) stays under OpenBLAS's small-matrix size
 GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
@@ -200,12 +201,32 @@ class PanelWeight:
 
 
 def projection_weight(array, xp):
-    """How the model stores a weight that multiplies activations (`x @ w`): panels on a CPU,
-    the plain array on a GPU (cuBLAS has no such gap) or with MINIPAGED_CPU_PANELS=0 (to
-    measure the difference)."""
-    if xp is np and os.environ.get("MINIPAGED_CPU_PANELS", "1") != "0":
+    """How the model stores a weight that multiplies activations (`x @ w`): panels on a CPU
+    whose BLAS gains by them, else the plain array: on a GPU (cuBLAS has no such gap), with
+    MINIPAGED_CPU_PANELS=0 (to measure the difference), or =1 to have panels without asking."""
+    choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
+    if xp is np and choice != "0" and (choice == "1" or panels_pay()):
         return PanelWeight(np.asarray(array))
     return array
+
+
+@functools.cache
+def panels_pay() -> bool:
+    """Does this machine's BLAS multiply 2 rows faster by panels than by its own GEMM? Timed once
+    per process (about 50 ms), on a 32 MB weight, bigger than most caches: OpenBLAS on x86 gains
+    2-3x; another BLAS (Apple's Accelerate, MKL) may pick good code by itself."""
+    w = np.full((512, 16384), 0.5, np.float32)   # the values do not change the time
+    x = np.full((2, 512), 0.5, np.float32)
+    panels = PanelWeight(w)
+
+    def best(work) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best(lambda: x @ panels) < best(lambda: x @ w)
 
 
 def _split(work, n: int) -> None:

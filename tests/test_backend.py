@@ -104,10 +104,17 @@ def test_panel_weight_says_what_does_not_match():
         np.ones((2, 4), np.float32) @ backend.PanelWeight(np.ones((3, 5), np.float32))
 
 
-def test_panels_on_the_cpu_plain_arrays_when_switched_off(monkeypatch):
+def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
+    """Unset, the machine's own timing decides; MINIPAGED_CPU_PANELS=0/1 decides without asking."""
     w = np.ones((4, 6), np.float32)
+    monkeypatch.delenv("MINIPAGED_CPU_PANELS", raising=False)
+    for pays, kind in [(True, backend.PanelWeight), (False, np.ndarray)]:
+        monkeypatch.setattr(backend, "panels_pay", lambda pays=pays: pays)
+        assert type(backend.projection_weight(w, np)) is kind
+    monkeypatch.setenv("MINIPAGED_CPU_PANELS", "1")
     assert isinstance(backend.projection_weight(w, np), backend.PanelWeight)
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
+    monkeypatch.setattr(backend, "panels_pay", lambda: True)
     assert backend.projection_weight(w, np) is w
 
 
