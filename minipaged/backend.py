@@ -178,7 +178,8 @@ class PanelWeight:
         if padded != cols:  # a last, narrower panel is padded with zeros, cut off after the product
             array = np.pad(array, ((0, 0), (0, padded - cols)))
         self.shape, self.dtype = (rows, cols), array.dtype
-        self.panels = np.ascontiguousarray(array.reshape(rows, padded // PANEL, PANEL).transpose(1, 0, 2))
+        # from (out, in) rows: a Hugging Face weight, transposed, becomes panels in one copy
+        self.panels = np.ascontiguousarray(array.T.reshape(padded // PANEL, PANEL, rows).transpose(0, 2, 1))
 
     @property
     def nbytes(self) -> int:
@@ -200,14 +201,14 @@ class PanelWeight:
         return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
 
 
-def projection_weight(array, xp):
-    """How the model stores a weight that multiplies activations (`x @ w`): panels on a CPU
-    whose BLAS gains by them, else the plain array: on a GPU (cuBLAS has no such gap), with
-    MINIPAGED_CPU_PANELS=0 (to measure the difference), or =1 to have panels without asking."""
+def projection_weight(array: np.ndarray, xp, dtype):
+    """How the model stores an (in, out) weight that multiplies activations (`x @ w`): panels on
+    a CPU whose BLAS gains by them, else a contiguous array on the device: on a GPU (cuBLAS has no
+    such gap), with MINIPAGED_CPU_PANELS=0 (to measure the difference), or =1 to skip the timing."""
     choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
     if xp is np and choice != "0" and (choice == "1" or panels_pay()):
-        return PanelWeight(np.asarray(array))
-    return array
+        return PanelWeight(array.astype(dtype, copy=False))
+    return xp.asarray(np.ascontiguousarray(array, dtype=dtype))
 
 
 @functools.cache

@@ -94,6 +94,7 @@ def test_panel_weight_multiplies_as_the_plain_matrix(shape, rows):
     w = rng.standard_normal(shape, dtype=np.float32)
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32)
     out = x @ backend.PanelWeight(w)
+    np.testing.assert_allclose(x @ backend.PanelWeight(np.ascontiguousarray(w.T).T), out)  # a transposed view
     assert type(out) is np.ndarray and out.shape == (rows, shape[1]) and out.dtype == np.float32
     np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(backend.PanelWeight(w).dense(), w)
@@ -110,12 +111,14 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
     monkeypatch.delenv("MINIPAGED_CPU_PANELS", raising=False)
     for pays, kind in [(True, backend.PanelWeight), (False, np.ndarray)]:
         monkeypatch.setattr(backend, "panels_pay", lambda pays=pays: pays)
-        assert type(backend.projection_weight(w, np)) is kind
+        assert type(backend.projection_weight(w, np, np.float32)) is kind
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "1")
-    assert isinstance(backend.projection_weight(w, np), backend.PanelWeight)
+    assert isinstance(backend.projection_weight(w, np, np.float32), backend.PanelWeight)
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
     monkeypatch.setattr(backend, "panels_pay", lambda: True)
-    assert backend.projection_weight(w, np) is w
+    plain = backend.projection_weight(w.T.astype(np.float64).T, np, np.float32)  # (in, out) view of (out, in)
+    assert type(plain) is np.ndarray and plain.dtype == np.float32 and plain.flags.c_contiguous
+    np.testing.assert_array_equal(plain, w)
 
 
 def test_the_panels_are_split_over_the_free_cores(monkeypatch):

@@ -58,7 +58,7 @@ class Model:
             return xp.asarray(np.ascontiguousarray(array, dtype=self.dtype))
 
         def in_out(*names):  # Hugging Face stores (out, in); concatenate outputs, then transpose
-            return projection_weight(put(np.concatenate([get(n) for n in names], axis=0).T), xp)
+            return projection_weight(np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype)
 
         self.layers = []
         for i in range(config.num_layers):
@@ -77,7 +77,7 @@ class Model:
         self.embed = put(get("model.embed_tokens.weight"))  # (vocab, hidden)
         self.norm = put(get("model.norm.weight"))
         lm_head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = projection_weight(put(get(lm_head).T), xp)  # (hidden, vocab)
+        self.lm_head = projection_weight(get(lm_head).T, xp, self.dtype)  # (hidden, vocab)
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
 
     @classmethod
