@@ -193,7 +193,6 @@ class PanelWeight:
     def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.shape[0]:
             raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
-        follow_machine_load()
         if len(x) >= GEMM_ROWS:
             return x @ self.dense()
         out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-from minipaged.backend import array_module, get_xp, projection_weight
+from minipaged.backend import array_module, follow_machine_load, get_xp, projection_weight
 from minipaged.model.config import ModelConfig
 from minipaged.model.weights import load_weights
 
@@ -90,6 +90,8 @@ class Model:
         All sequences of a step are flattened into one (T, hidden) matrix, so every projection
         is one 2-D matmul whatever the batch."""
         xp, c = self.xp, self.config
+        if xp is np:   # a CPU shared with other programs: use the cores they leave free now
+            follow_machine_load()
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]
         cos, sin = self.rope(positions)                             # (T, 1, head_dim / 2) each
