@@ -154,21 +154,25 @@ def _usable_cores() -> set[int]:
 # memory-bound, yet the BLAS picks the GEMM: packing the whole weight at every call cost 2.5x the
 # time of reading it, so two streams decoded slower than one.
 #
-# The fix is a layout. A `PanelWeight` stores the (in, out) matrix as out/64 panels of (in, 64),
-# one after another. `x @ panels` is then a stack of small products that OpenBLAS computes
-# straight from memory, without packing (a "small-matrix" kernel), reading each weight once
-# whatever the batch; the panels are split over the cores that are free now. From 64 rows on,
-# the products are big enough for the GEMM to pay, and the panels are put back side by side.
-# Other BLAS libraries choose differently (Apple's Accelerate on a Mac, MKL), so the choice is
-# timed once on each machine (`panels_pay`). Measured: bench/results/2026-12-01-cpu-2core-numpy-batching/.
+# The fix is a layout. A `PanelWeight` keeps the weight as Hugging Face stores it, (out, in): one
+# row of `in` floats per output. Read 64 rows at a time, it is a stack of out/64 panels of
+# (64, in), and `x @ w` for 2 to 63 rows is then a stack of small products that OpenBLAS
+# computes straight from memory, without packing (its "small-matrix" kernel), reading each
+# weight once whatever the batch; the panels are split over the cores that are free now. One
+# row keeps BLAS's matrix-vector code on the whole matrix (it is the fastest there), and from 64
+# rows on the products are big enough for the GEMM's packing to pay. The layout costs no copy:
+# the three paths read the same memory. Other BLAS libraries choose differently (Apple's
+# Accelerate on a Mac, MKL), so the choice is timed once on each machine (`panels_pay`).
+# Measured: bench/results/2026-12-01-cpu-2core-numpy-batching/.
 
-PANEL = 64        # columns per panel: (16 rows x in x 64) stays under OpenBLAS's small-matrix size
+PANEL = 32        # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
 GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
 
 
 class PanelWeight:
-    """An (in, out) weight matrix kept as panels of PANEL columns, for CPU decoding; `x @ w` works
-    as on an array (the model's code does not change) and returns an ndarray (rows, out)."""
+    """An (in, out) weight matrix kept as (out, in) rows, read as panels of PANEL rows, for CPU
+    decoding; `x @ w` works as on an array (the model's code does not change) and returns an
+    ndarray (rows, out)."""
 
     __array_ufunc__ = None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
 
@@ -178,25 +182,24 @@ class PanelWeight:
         if padded != cols:  # a last, narrower panel is padded with zeros, cut off after the product
             array = np.pad(array, ((0, 0), (0, padded - cols)))
         self.shape, self.dtype = (rows, cols), array.dtype
-        # from (out, in) rows: a Hugging Face weight, transposed, becomes panels in one copy
-        self.panels = np.ascontiguousarray(array.T.reshape(padded // PANEL, PANEL, rows).transpose(0, 2, 1))
+        self.out_rows = np.ascontiguousarray(array.T)  # (out, in): no copy for a Hugging Face weight's .T
+        self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)  # (out/64, 64, in), a view
 
     @property
     def nbytes(self) -> int:
-        return self.panels.nbytes
+        return self.out_rows.nbytes
 
     def dense(self) -> np.ndarray:
-        """The (in, out) matrix, a new contiguous copy."""
-        n, rows, width = self.panels.shape
-        return self.panels.transpose(1, 0, 2).reshape(rows, n * width)[:, :self.shape[1]]
+        """The (in, out) matrix, a view."""
+        return self.out_rows.T[:, :self.shape[1]]
 
     def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.shape[0]:
             raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
-        if len(x) >= GEMM_ROWS:
+        if len(x) == 1 or len(x) >= GEMM_ROWS:
             return x @ self.dense()
         out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))
-        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi], out=out[lo:hi]), len(self.panels))
+        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]), len(self.panels))
         return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
 
 
