@@ -4,6 +4,8 @@
 #   make test              every test (a few minutes); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
+#   make notebooks         run every notebook on the CPU and store its outputs in the .ipynb (minutes)
+#   make lab-check         every lab's check on the engine's own code (python -m minipaged.lab; see labs/)
 #   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
 #                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; ARGS="--json"
@@ -17,7 +19,7 @@ STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate
 
-.PHONY: setup chat serve browser clang test test-fast notebook bench $(addprefix bench-,$(BENCHMARKS)) clean
+.PHONY: setup chat serve browser clang test test-fast notebook notebooks lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 
 # Running needs minipaged's dependencies only (pyproject.toml's `dependencies`) and the model.
 $(STAMP): pyproject.toml Makefile
@@ -80,6 +82,19 @@ test-fast: $(TEST_STAMP) browser clang
 # --allow-root: workshop machines and containers often run as root
 notebook: $(VENV)/.installed-notebook
 	$(PY) -m jupyter lab --allow-root --ip=127.0.0.1 --notebook-dir=notebooks $(ARGS)
+
+# Each notebook run top to bottom on the CPU in a fresh kernel, its outputs stored in its .ipynb
+# (their .py pairs hold no outputs), so the pictures and numbers show wherever the repository is
+# browsed. Without timing metadata, so a rerun changes only what was measured.
+# NOTEBOOKS="notebooks/02_page_tables.ipynb" runs some only.
+NOTEBOOKS ?= $(wildcard notebooks/[0-9]*.ipynb)
+notebooks: $(TEST_STAMP)
+	$(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 \
+	  --ExecutePreprocessor.record_timing=False $(NOTEBOOKS)
+
+# The labs' checks on the engine's own code (each grades, then serves SmolLM2: seconds each).
+lab-check: $(STAMP)
+	for n in 1 2 3 4 5; do $(PY) -m minipaged.lab check $$n --solution --picture build/lab$$n-frames.svg || exit 1; done
 
 bench: $(STAMP)
 	$(PY) -m minipaged.bench decode --batch 1

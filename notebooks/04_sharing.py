@@ -268,3 +268,27 @@ display(Markdown(
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (labs 2 and 3, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, copy the starter, fill in the bodies, and grade it:
+#
+# - **Lab 2** (about 25 minutes): reference counts, `fork` and copy-on-write.
+#
+#   ```
+#   cp labs/lab2_fork_cow.py my_fork.py
+#   python -m minipaged.lab check 2 my_fork.py
+#   ```
+#
+# - **Lab 3** (about 30 minutes): the prefix cache: the hash chain, lookup and release.
+#
+#   ```
+#   cp labs/lab3_prefix_cache.py my_cache.py
+#   python -m minipaged.lab check 3 my_cache.py
+#   ```
+#
+# The check names each property your code breaks, on a small input. Once they all hold, it
+# runs SmolLM2 with your code plugged in, next to the engine's own (the tokens must be the
+# same), and draws your frames. The hints unfold one at a time in the README.

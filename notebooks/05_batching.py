@@ -274,3 +274,20 @@ display(Markdown(
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 4, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, copy the starter, fill in the bodies, and grade it:
+#
+# - **Lab 4** (about 35 minutes): one step of the continuous batcher: decode slots, preemption, admission.
+#
+#   ```
+#   cp labs/lab4_batcher.py my_batcher.py
+#   python -m minipaged.lab check 4 my_batcher.py
+#   ```
+#
+# The check names each property your code breaks, on a small input. Once they all hold, it
+# runs SmolLM2 with your code plugged in, next to the engine's own (the tokens must be the
+# same), and draws your frames. The hints unfold one at a time in the README.

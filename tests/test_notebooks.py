@@ -1,8 +1,9 @@
 """Every notebook runs top to bottom on the CPU as stored, without a warning, and keeps the house
 conventions: each notebooks/NN_name.py (jupytext py:percent, the source to read and diff) is in
-sync with its paired .ipynb (what people open); no stored outputs; an opening "What you will
-see"; closing exercises whose solutions are folded in <details> blocks, in JupyterLab, VS Code
-and an HTML export alike; no measured number typed into prose. A cell that raises fails its
+sync with its paired .ipynb (what people open; outputs aside); the .ipynb stores the outputs of
+one run (`make notebooks`); an opening "What you will see"; closing exercises whose solutions
+are folded in <details> blocks, in JupyterLab, VS Code and an HTML export alike, then the lab
+that builds on it; no measured number typed into prose. A cell that raises fails its
 notebook's test, and so does a solution: the tests run them after the notebook's cells."""
 
 import re
@@ -122,12 +123,19 @@ def test_python_file_is_plain_python(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_stored_without_outputs(path):
-    for i, cell in enumerate(read(path).cells):
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None, (
-                f"cell {i} stores its output: clear it (`.venv/bin/jupyter nbconvert --clear-output --inplace "
-                f"{path.relative_to(ROOT)}`)")
+def test_stored_with_the_outputs_of_one_run_top_to_bottom(path):
+    """`make notebooks` stores what a reader sees without running anything: every code cell
+    ran once, in order, in one fresh kernel, none raised, and no timing metadata is kept (a
+    rerun changes only measured numbers). The .py pair holds the cells; outputs live here only."""
+    code = [cell for cell in read(path).cells if cell.cell_type == "code"]
+    counts = [cell.execution_count for cell in code]
+    assert counts == list(range(1, len(code) + 1)), (
+        f"{path.name} is not stored as one run top to bottom (execution counts {counts}): run "
+        f"`make notebooks NOTEBOOKS={path.relative_to(ROOT)}`")
+    errors = [i for i, cell in enumerate(code) for out in cell.outputs if out.output_type == "error"]
+    assert not errors, f"code cells {errors} of {path.name} stored an error"
+    assert not any("execution" in cell.metadata for cell in code), "timing metadata: run `make notebooks`"
+    assert any(cell.outputs for cell in code), f"{path.name} stores no output at all"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -142,8 +150,10 @@ def test_ends_with_exercises_whose_solutions_are_folded(path):
     nb = read(path)
     cells = nb.cells
     heading = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Exercises")]
-    assert len(heading) == 1, "one '## Exercises' section, at the end"
+    assert len(heading) == 1, "one '## Exercises' section, at the end (before a notebook's lab)"
     tail = cells[heading[0] + 1:]
+    if tail and tail[-1].source.startswith("## Lab"):  # the lab that follows the exercises
+        tail = tail[:-1]
     assert len(tail) in (4, 6), "two or three exercises, each followed by its solution"
     for n, (question, solution) in enumerate(zip(tail[::2], tail[1::2]), start=1):
         assert question.cell_type == "markdown" and question.source.startswith(f"**Exercise {n}.**")
@@ -155,6 +165,29 @@ def test_ends_with_exercises_whose_solutions_are_folded(path):
     assert len(solutions(nb)) == len(tail) // 2, "no folded solution outside the exercises"
     tagged = [i for i, c in enumerate(cells) if c.metadata.get("jupyter") or c.metadata.get("tags")]
     assert not tagged, f"cells {tagged} are hidden or tagged (raises-exception?): nothing is hidden by metadata"
+
+
+LABS_OF = {"02_page_tables": [1], "03_kernel": [5], "04_sharing": [2, 3], "05_batching": [4]}
+
+
+def test_each_lab_closes_the_notebook_it_builds_on():
+    """The notebook ends with a '## Lab' cell that quotes the lab's starter and check command;
+    every lab of minipaged.lab has its notebook."""
+    from minipaged.lab.labs import LABS
+    assert sorted(n for labs in LABS_OF.values() for n in labs) == sorted(LABS)
+    for path in NOTEBOOKS:
+        last = read(path).cells[-1]
+        if path.stem not in LABS_OF:
+            assert not last.source.startswith("## Lab"), path.name
+            continue
+        assert last.cell_type == "markdown" and last.source.startswith("## Lab"), path.name
+        for n in LABS_OF[path.stem]:
+            starter = LABS[n].starter
+            mine = re.search(rf"cp labs/{re.escape(starter)} (\S+)", last.source)
+            assert mine and (ROOT / "labs" / starter).exists(), (path.name, starter)
+            assert f"python -m minipaged.lab check {n} {mine.group(1)}" in last.source
+            assert f"(about {LABS[n].minutes} minutes)" in last.source
+        assert "(../labs/README.md)" in last.source
 
 
 class Folds(HTMLParser):

@@ -1,0 +1,144 @@
+"""Grading one lab file: load it, hold each property up to it, and say in one plain sentence
+what failed and on which small input. An exception from the participant's code is named in one
+line (its type, message and the line of their file), never shown as a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import signal
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+
+class Failed(AssertionError):
+    """A property does not hold: `given` is the small input, `detail` what went wrong on it."""
+
+    def __init__(self, given: str, detail: str):
+        super().__init__(f"{given}: {detail}")
+        self.given, self.detail = given, detail
+
+
+class NotLoadable(Exception):
+    """The participant's file cannot be used at all (missing, a syntax error, a name gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Property:
+    """One thing the lab's code must do, as a sentence, and the check that tries it."""
+    sentence: str
+    check: Callable[[object], None]  # raises Failed (or anything, from their code) when it fails
+    given: str = ""                  # its inputs, said when the participant's code raises
+
+
+@dataclass(slots=True)
+class Verdict:
+    sentence: str
+    failure: str | None = None  # None: it holds
+
+    @property
+    def holds(self) -> bool:
+        return self.failure is None
+
+    def lines(self) -> list[str]:
+        if self.holds:
+            return [f"  PASS  {self.sentence}"]
+        return [f"  FAIL  {self.sentence}"] + [f"        {line}" for line in self.failure.splitlines()]
+
+
+def load(path: Path, names: list[str]) -> ModuleType:
+    """Import the participant's file as a fresh module that must define `names`."""
+    if not path.is_file():
+        raise NotLoadable(f"{path} is not a file: copy the starter first (cp labs/<starter> {path.name})")
+    spec = importlib.util.spec_from_file_location(f"minipaged_lab_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise NotLoadable(f"{path.name} line {error.lineno}: SyntaxError: {error.msg}") from None
+    except Exception as error:
+        raise NotLoadable(f"{path.name} fails when imported: {in_one_line(error, path)}") from None
+    missing = [name for name in names if not hasattr(module, name)]
+    if missing:
+        raise NotLoadable(f"{path.name} has no {', '.join(missing)}: keep the starter's names")
+    return module
+
+
+def parameters(function) -> list[tuple]:
+    """What a caller relies on: the parameters' names, kinds and defaults (not annotations)."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+def signature_mismatches(module, originals: dict[str, object]) -> list[str]:
+    """Every function or method of the participant whose parameters differ from the engine's
+    one of that name (the engine calls them with its own arguments)."""
+    found = []
+    for name, original in originals.items():
+        theirs = getattr(module, name)
+        pairs = [(name, theirs, original)] if not inspect.isclass(original) else [
+            (f"{name}.{attr}", value, getattr(original, attr)) for attr, value in vars(theirs).items()
+            if inspect.isfunction(value) and hasattr(original, attr)]
+        for label, mine, engine in pairs:
+            if parameters(mine) != parameters(engine):
+                found.append(f"{label}{inspect.signature(mine)} should be {label}{inspect.signature(engine)}")
+    return found
+
+
+def in_one_line(error: BaseException, path: Path | None = None) -> str:
+    """'TypeError: message (my_file.py line 12)': the type, the message, and the deepest line of
+    the participant's file in the traceback (else the deepest line anywhere)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    theirs = [f for f in frames if path is not None and Path(f.filename).resolve() == path.resolve()]
+    where = (theirs or frames)[-1:] if frames else []
+    place = f" ({Path(where[0].filename).name} line {where[0].lineno})" if where else ""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}{': ' + message if message else ''}{place}"
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """TimeoutError when the block runs longer (an endless loop in the participant's code).
+    Where there is no SIGALRM (Windows) or off the main thread, no limit."""
+    import threading
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: an endless loop?")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def judge(properties: list[Property], module, path: Path | None, seconds: int = 30) -> list[Verdict]:
+    """Try every property (each within `seconds`); a failure becomes its given input and what
+    went wrong."""
+    verdicts = []
+    for prop in properties:
+        try:
+            with time_limit(seconds):
+                prop.check(module)
+            verdicts.append(Verdict(prop.sentence))
+        except Failed as failed:
+            verdicts.append(Verdict(prop.sentence, f"on {failed.given}\n{failed.detail}"))
+        except NotImplementedError as error:
+            verdicts.append(Verdict(prop.sentence, f"not written yet: {error}"))
+        except Exception as error:  # their code broke: name it in one line
+            on = f"on {prop.given}\n" if prop.given else ""
+            verdicts.append(Verdict(prop.sentence, f"{on}your code raised {in_one_line(error, path)}"))
+    return verdicts
+
+
+def say(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)

@@ -1,0 +1,65 @@
+"""The labs: for each, its starter file in labs/, the engine's pieces the participant rewrites
+(their solution), the properties that grade them, and how the engine then serves with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+from minipaged import paging
+from minipaged.lab import batcher_props, kernel_props, paging_props
+from minipaged.lab.grading import Property
+from minipaged.scheduler import Scheduler
+
+LABS_DIR = Path(__file__).resolve().parents[2] / "labs"   # the starters, at the top of the repository
+
+
+@dataclass(frozen=True, slots=True)
+class Lab:
+    number: int
+    title: str
+    starter: str                        # file name in labs/
+    minutes: int                        # for a first-timer, hints read as needed
+    needs: str                          # prerequisites
+    solution: Callable[[], dict]        # name -> the engine's own object the participant rewrites
+    properties: list[Property]
+    engine: dict                        # EngineConfig options of the run with the participant's piece
+    samples: bool = True                # does the run include n > 1 (forks)?
+    max_tokens: int = 12                # per sequence of the run
+    note: str = ""                      # said before the run
+
+    @property
+    def starter_path(self) -> Path:
+        return LABS_DIR / self.starter
+
+    def pieces(self):
+        """The engine's own pieces, as a participant's module would hold them (--solution)."""
+        return SimpleNamespace(**self.solution())
+
+
+TIGHT = dict(block_size=4, num_blocks=24, max_num_seqs=8)   # small enough that frames run out
+
+LABS = {lab.number: lab for lab in [
+    Lab(1, "demand paging: the frame allocator and the page table's append", "lab1_demand_paging.py", 25,
+        "notebook 02 (page tables)",
+        lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
+        paging_props.LAB1, dict(TIGHT, enable_prefix_caching=False), samples=False),
+    Lab(2, "fork and copy-on-write", "lab2_fork_cow.py", 25, "lab 1; notebook 04 (sharing)",
+        lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
+        paging_props.LAB2, dict(TIGHT, enable_prefix_caching=False)),
+    Lab(3, "the prefix cache: hash chain, lookup, release", "lab3_prefix_cache.py", 30,
+        "lab 1; notebook 04 (sharing, the prefix cache part)",
+        lambda: {"block_hash": paging.block_hash, "PrefixCache": paging.PrefixCache},
+        paging_props.LAB3, dict(TIGHT, enable_prefix_caching=True)),
+    Lab(4, "the continuous batcher: one step's decisions", "lab4_batcher.py", 35,
+        "notebook 05 (batching); labs 1-2 help",
+        lambda: {"Scheduler": Scheduler}, batcher_props.LAB4, dict(TIGHT, enable_prefix_caching=False)),
+    Lab(5, "the kernel's page-table lookup (CUDA, run on the CPU)", "lab5_kernel.cu", 30,
+        "notebook 03 (kernel); a C++ compiler (g++ or clang++)",
+        kernel_props.solution, kernel_props.LAB5, dict(TIGHT, enable_prefix_caching=False),
+        max_tokens=8, note="every decode step reads K and V through your lookup, in the emulated kernel "
+                           "(prompts go through the NumPy reference: emulated, they would take a minute)"),
+]}

