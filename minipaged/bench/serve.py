@@ -1,9 +1,8 @@
-"""`python -m minipaged.bench serve`: the server under load, continuous vs static batching.
+"""`python -m minipaged.bench serve`: the server under load, in a process of its own.
 
-Starts `python -m minipaged.serve` in a process of its own, streams a mixed workload to it with
-Poisson arrivals through the official async `openai` client, and measures what vLLM's
-benchmark_serving measures; then the same requests through an engine in-process.
-"""
+The mixed workload streams Poisson arrivals through the official async `openai` client, measures
+what vLLM's benchmark_serving measures (continuous vs static), then the same requests in-process.
+The room workload: a workshop's participants beside one flooding client, with the server's defaults."""
 
 from __future__ import annotations
 
@@ -20,6 +19,10 @@ from minipaged.bench.common import load, random_prompts, serving_arguments
 from minipaged.bench.workload import make_workload
 from minipaged.llm import number
 
+ROOM_PROMPT, ROOM_TOKENS = 32, 16  # a participant's short request: prompt tokens, answer tokens
+FLOOD_PROMPT = "Write a very long essay about page tables, frames, paging and virtual memory, request {}."
+PHASE_SECONDS = 600                # every phase of the room workload ends within this, whatever happens
+
 
 def add_arguments(parser) -> None:
     serving_arguments(parser)  # --model --device --requests --seed
@@ -35,6 +38,16 @@ def add_arguments(parser) -> None:
                              "to the HTTP side and the clients (default %(default)s)")
     parser.add_argument("--scheduler", choices=["continuous", "static", "both"], default="both",
                         help="which batching the server runs (default %(default)s)")
+    parser.add_argument("--workload", choices=["mixed", "room"], default="mixed",
+                        help="mixed: --requests of mixed lengths, Poisson arrivals, through the options above; "
+                             "room: --room-clients participants share --requests short requests (a "
+                             f"{ROOM_PROMPT}-token prompt, {ROOM_TOKENS} tokens), alone and beside one client "
+                             "flooding --flood-streams long chats with no max_tokens, against the server's "
+                             "default options and then without its per-client bound (default %(default)s)")
+    parser.add_argument("--room-clients", type=number(int, 1), default=8,
+                        help="room: participants, each with its own API key (default %(default)s)")
+    parser.add_argument("--flood-streams", type=number(int, 1), default=32,
+                        help="room: the flooding client's requests in flight at once (default %(default)s)")
 
 
 def workload(args, vocab: int):
@@ -48,14 +61,20 @@ def workload(args, vocab: int):
     return prompts, [s.output_len for s in specs], np.cumsum(gaps) - gaps[0]
 
 
-def start_server(args, folder, scheduler: str) -> tuple[subprocess.Popen, str]:
-    """The server in its own process (as a lecturer runs it); returns it and its URL."""
+def mixed_options(args, scheduler: str) -> list[str]:
+    """The mixed workload's server options: one pool and batch for every run."""
+    return ["--block-size", "16", "--num-blocks", str(args.kv_tokens // 16), "--max-model-len",
+            str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs), "--scheduler", scheduler,
+            "--max-waiting", str(args.requests), "--max-concurrent-per-client", "0"]  # one client is the room here
+
+
+def start_server(args, folder, options: list[str]) -> tuple[subprocess.Popen, str, list[str]]:
+    """The server in its own process (as a lecturer runs it), with these options; returns it, its
+    URL and what it printed as it started (its pool and its bounds)."""
     threads = str(args.blas_threads)
     env = os.environ | {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     command = [sys.executable, "-m", "minipaged.serve", "--model", str(folder), "--port", "0",
-               "--served-model-name", "bench", "--block-size", "16", "--num-blocks", str(args.kv_tokens // 16),
-               "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-               "--scheduler", scheduler, "--max-waiting", str(args.requests)]
+               "--served-model-name", "bench", *options]
     if args.device:
         command += ["--device", args.device]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -64,7 +83,7 @@ def start_server(args, folder, scheduler: str) -> tuple[subprocess.Popen, str]:
         lines.append(process.stdout.readline())
         if process.poll() is not None:
             raise RuntimeError("the server did not start:\n" + "".join(lines))
-    return process, re.search(r"(http://127\.0\.0\.1:\d+)", "".join(lines))[1]
+    return process, re.search(r"(http://127\.0\.0\.1:\d+)", "".join(lines))[1], [line.strip() for line in lines]
 
 
 async def send_all(url: str, prompts, max_tokens, arrivals) -> dict:
@@ -135,11 +154,15 @@ def bench_serve(args) -> dict:
     """The server runs in a process of its own; the clients stream every request and time it.
     Reported per batching: tokens/s, TTFT, TPOT and end-to-end latency (p50/p90/p99), and the
     median e2e of the quarter of requests with the fewest output tokens; then the tokens/s of
-    an in-process engine given the same requests at the same moments."""
+    an in-process engine given the same requests at the same moments. With --workload room: the
+    participants' short-request latency (p50/p99) and TTFT, alone, beside a flooding client with
+    the server's default options, and beside it without the per-client bound."""
     from threadpoolctl import threadpool_limits
 
     from minipaged.sampling import SamplingParams
 
+    if args.workload == "room":
+        return bench_room(args)
     schedulers = ["continuous", "static"] if args.scheduler == "both" else [args.scheduler]
     engine_options = dict(block_size=16, num_blocks=args.kv_tokens // 16, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, scheduler=schedulers[0])
@@ -151,7 +174,7 @@ def bench_serve(args) -> dict:
               "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
               "output_tokens": sum(max_tokens), "blas_threads": args.blas_threads, "device": llm.device}
     for scheduler in schedulers:
-        process, url = start_server(args, folder, scheduler)
+        process, url, _ = start_server(args, folder, mixed_options(args, scheduler))
         try:
             warm_up(url)
             print(f"serve: {scheduler} batching, {args.requests} requests at {args.request_rate}/s ...",
@@ -194,4 +217,132 @@ def table(result: dict) -> str:
         lines.append(f"  continuous / static throughput = {result['continuous_vs_static']:.2f}x; "
                      f"shortest quarter's median e2e, static / continuous = "
                      f"{result['short_e2e_static_vs_continuous']:.1f}x")
+    return "\n".join(lines)
+
+
+# ---- the room workload ---------------------------------------------------------------------------
+def room_plan(args, vocab: int) -> list[list[tuple[float, list[int]]]]:
+    """Per participant: (pause before it in seconds, prompt token ids) of each short request,
+    the same for every run: --requests spread over --room-clients, pauses of 0.5 s on average."""
+    rng = np.random.default_rng(args.seed)
+    low, high = min(100, vocab // 4), min(10_000, vocab)
+    per_client = max(1, args.requests // args.room_clients)
+    return [[(float(rng.exponential(0.5)), rng.integers(low, high, ROOM_PROMPT).tolist()) for _ in range(per_client)]
+            for _ in range(args.room_clients)]
+
+
+async def stream_lines(http, path: str, body: dict, key: str):
+    """(200, line) for each SSE data line of one streamed request, or (its status, its Retry-After)."""
+    async with http.stream("POST", path, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            yield r.status_code, r.headers.get("retry-after")
+            return
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield 200, line
+
+
+async def participant(http, key: str, plan) -> list[dict]:
+    """One participant's short requests, one after another: e2e and TTFT of each (refused: None)."""
+    rows = []
+    for pause, prompt in plan:
+        await asyncio.sleep(pause)
+        body = {"prompt": prompt, "max_tokens": ROOM_TOKENS, "temperature": 0, "ignore_eos": True, "stream": True}
+        start, first, status = time.perf_counter(), None, 200
+        async for status, _ in stream_lines(http, "/v1/completions", body, key):
+            first = first or (time.perf_counter() if status == 200 else None)
+        end = time.perf_counter()
+        rows.append({"e2e": end - start, "ttft": first - start} if status == 200 and first else None)
+    return rows
+
+
+async def flooder(http, stop: asyncio.Event, counts: dict, i: int) -> None:
+    """One of the flooding client's streams: long chats without max_tokens (ignore_eos: each
+    takes the server's whole default), one after another until `stop` (then cancelled: a hang-up);
+    a 429 waits its Retry-After (at most 1 s) and tries again."""
+    while not stop.is_set():
+        body = {"stream": True, "ignore_eos": True, "messages": [{"role": "user", "content": FLOOD_PROMPT.format(i)}]}
+        counts["requests_sent"] += 1
+        async for status, extra in stream_lines(http, "/v1/chat/completions", body, "flooder"):
+            if status == 429:
+                counts["refused_429"] += 1
+                await asyncio.sleep(min(float(extra or 1), 1.0))
+            elif status != 200:
+                counts["other_errors"] += 1
+                await asyncio.sleep(1.0)
+            else:
+                counts["chunks_received"] += 1
+
+
+async def room_run(url: str, plans, flood_streams: int) -> dict:
+    """The participants' plans, beside flood_streams flooding streams (once the flood runs)."""
+    import httpx
+    counts = {"streams": flood_streams, "requests_sent": 0, "refused_429": 0, "other_errors": 0, "chunks_received": 0}
+    stop = asyncio.Event()
+    limits = httpx.Limits(max_connections=len(plans) + flood_streams + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=PHASE_SECONDS, limits=limits) as http:
+        floods = [asyncio.create_task(flooder(http, stop, counts, i)) for i in range(flood_streams)]
+        deadline = time.monotonic() + 60
+        while floods and counts["chunks_received"] < 4 and time.monotonic() < deadline:  # the flood is generating
+            await asyncio.sleep(0.1)
+        start = time.perf_counter()
+        rows = await asyncio.wait_for(asyncio.gather(
+            *(participant(http, f"participant-{i}", plan) for i, plan in enumerate(plans))), PHASE_SECONDS)
+        seconds = time.perf_counter() - start
+        stop.set()
+        for task in floods:  # a hang-up: the server aborts what the flood left running
+            task.cancel()
+        await asyncio.gather(*floods, return_exceptions=True)
+    return room_summary([r for client in rows for r in client], seconds) | ({"flood": counts} if flood_streams else {})
+
+
+def room_summary(rows: list[dict | None], seconds: float) -> dict:
+    done = [r for r in rows if r is not None]
+    summary = {"requests": len(rows), "refused": len(rows) - len(done), "seconds": seconds}
+    for key in ("e2e", "ttft"):
+        summary |= {f"short_{key}_p{q}": float(np.percentile([r[key] for r in done], q)) if done else float("nan")
+                    for q in (50, 99)}
+    return summary
+
+
+def bench_room(args) -> dict:
+    """The room: participants alone, beside a flood (default options), beside it without the bound."""
+    llm = load(args, num_blocks=64)[0]
+    folder, device, plans = llm.folder, llm.device, room_plan(args, llm.model.config.vocab_size)
+    del llm  # the server loads its own copy
+    result = {"workload": "room", "device": device, "blas_threads": args.blas_threads,
+              "room_clients": args.room_clients, "short_requests": sum(map(len, plans)),
+              "short_prompt_tokens": ROOM_PROMPT, "short_max_tokens": ROOM_TOKENS, "flood_streams": args.flood_streams}
+    for options, runs in (([], [("alone", 0), ("flood", args.flood_streams)]),
+                          (["--max-concurrent-per-client", "0"], [("flood_no_bound", args.flood_streams)])):
+        process, url, banner = start_server(args, folder, options)
+        result[f"server_{'defaults' if not options else 'no_bound'}"] = {"options": options, "printed": banner[:2]}
+        try:
+            warm_up(url)
+            for name, streams in runs:
+                print(f"serve room: {name}, {result['short_requests']} short requests from {args.room_clients} "
+                      f"participants ...", file=sys.stderr, flush=True)
+                result[name] = asyncio.run(room_run(url, plans, streams))
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    for name in ("flood", "flood_no_bound"):
+        for key in ("e2e", "ttft"):
+            result[f"{name}_vs_alone_{key}_p50"] = result[name][f"short_{key}_p50"] / result["alone"][f"short_{key}_p50"]
+    result["within_2x"] = result["flood_vs_alone_e2e_p50"] <= 2
+    if not args.json:
+        print(room_table(result))
+    return result
+
+
+def room_table(result: dict) -> str:
+    lines = [f"{result['room_clients']} participants, {result['short_requests']} short requests "
+             f"({result['short_prompt_tokens']} + {result['short_max_tokens']} tokens), one client flooding "
+             f"{result['flood_streams']} streams, on {result['device']}",
+             f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}{'vs alone':>10}{'flood 429s':>12}"]
+    for name in ("alone", "flood", "flood_no_bound"):
+        r = result[name]
+        ratio = f"{result[f'{name}_vs_alone_e2e_p50']:9.2f}x" if name != "alone" else f"{'':>10}"
+        lines.append(f"  {name:<16}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s{r['short_ttft_p50']:9.2f}s"
+                     f"{r['short_ttft_p99']:7.2f}s{ratio}{r.get('flood', {}).get('refused_429', ''):>12}")
     return "\n".join(lines)

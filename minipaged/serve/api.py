@@ -12,6 +12,7 @@ import itertools
 import json
 import secrets
 import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class ServerConfig:
     dashboard_show_text: bool = False
     default_max_tokens: int = 256   # a chat request without max_tokens (less if the context or pool is smaller)
     max_tokens_limit: int | None = None  # more is a 400 (None: the context is the only limit)
+    max_concurrent_per_client: int = 0   # sequences one client may have unfinished; more is a 429 (0: no bound).
+                                         # Off for a server built in Python (one caller); the command line's is on
     max_body_bytes: int = 1 << 20   # a larger body gets 413
     snapshot_interval: float = 0.1  # seconds between dashboard snapshots (about 10 a second)
 
@@ -64,6 +67,7 @@ class Server:
         self.metrics = Metrics(config.model_name)
         self.dashboard = Dashboard(config.model_name, config.snapshot_interval, config.dashboard_show_text)
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
+        self.slots = ClientSlots(config.max_concurrent_per_client)
         self.ids = itertools.count()
         self.created = int(time.time())
         self.app = self._routes(FastAPI(title="minipaged", lifespan=self._lifespan))
@@ -77,7 +81,7 @@ class Server:
 
     # ---- routes ----------------------------------------------------------------------------
     def _routes(self, app: FastAPI) -> FastAPI:
-        app.exception_handler(APIError)(lambda request, error: JSONResponse(error.body(), error.status))
+        app.exception_handler(APIError)(lambda request, error: JSONResponse(error.body(), error.status, error.headers))
         app.exception_handler(HTTPException)(self._no_route)
         app.exception_handler(ClientGone)(lambda request, error: Response(status_code=499))  # nginx's "client closed"
         # a bug: still OpenAI's JSON for the client, and (Starlette re-raises it) a traceback in the log
@@ -117,11 +121,11 @@ class Server:
             return {str(s): {"description": ERROR_TYPES[s], "content": {"application/json": ref("ErrorResponse")}}
                     for s in statuses + ((401,) if self.config.api_key else ())}
 
-        paths = schema["paths"]
+        paths, refusals = schema["paths"], (400, 404, 413, 429, 503) if self.slots.limit else (400, 404, 413, 503)
         for path, request, response in (("/v1/completions", "CompletionRequest", "CompletionResponse"),
                                         ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletionResponse")):
             paths[path]["post"]["requestBody"] = {"required": True, "content": {"application/json": ref(request)}}
-            paths[path]["post"]["responses"] = errors(400, 404, 413, 503) | {"200": {
+            paths[path]["post"]["responses"] = errors(*refusals) | {"200": {
                 "description": "the answer; with stream=true, server-sent events of chunks ending in [DONE]",
                 "content": {"application/json": ref(response), "text/event-stream": {"schema": {  # each event
                     "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}}}
@@ -138,17 +142,19 @@ class Server:
         return schema
 
     def _own_bounds(self, schemas: dict) -> dict:
-        """The request schemas with what this server accepts: its model, n up to max_num_seqs,
-        max_tokens up to the limit, token ids in the vocabulary, prompts up to what may queue."""
-        limit = self.config.max_tokens_limit or self.max_model_len - 1
+        """The request schemas with what this server accepts: its model, n up to max_num_seqs (and
+        a client's share), max_tokens up to the limit, token ids in the vocabulary, prompts up to
+        what may queue (and a client's share)."""
+        limit = min(self.config.max_tokens_limit or self.max_model_len, self.max_model_len - 1)
         for name in ("CompletionRequest", "ChatCompletionRequest"):
             fields = schemas[name]["properties"]
             fields["model"]["anyOf"][0]["enum"] = [self.config.model_name]
-            fields["n"]["maximum"] = self.max_num_seqs
+            fields["n"]["maximum"] = min(self.max_num_seqs, self.slots.limit or self.max_num_seqs)
             fields["max_tokens"]["anyOf"][0]["maximum"] = fields["max_completion_tokens"]["anyOf"][0]["maximum"] = limit
             fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = self.vocab_size - 1
         ids, texts, ids_batch = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"][1:]  # after str
-        texts["maxItems"] = ids_batch["maxItems"] = self.max_num_seqs + self.config.max_waiting
+        most = self.max_num_seqs + self.config.max_waiting
+        texts["maxItems"] = ids_batch["maxItems"] = min(most, self.slots.limit or most)  # each prompt is one client slot or more
         ids["items"]["maximum"] = ids_batch["items"]["items"]["maximum"] = self.vocab_size - 1
         return schemas
 
@@ -228,6 +234,13 @@ class Server:
             given = f"Bearer {request.query_params.get('key', '')}"
         return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
 
+    def _client(self, request: Request) -> str:
+        """Who sent a request, for --max-concurrent-per-client: its address and the key it sent.
+        A room shares one --api-key, so the address tells laptops apart; programs on one machine
+        (the benchmark's clients, users behind one proxy) tell themselves apart by their keys."""
+        address = request.client.host if request.client else "unknown"
+        return f"{address} {request.headers.get('authorization', '')}"
+
     def _authorize(self, request: Request) -> None:
         if not self._has_key(request):
             raise APIError(401, "Incorrect or missing API key: send the header "
@@ -301,8 +314,9 @@ class Server:
         if self.loop.num_unfinished + len(prompts) > self.max_num_seqs + self.config.max_waiting:
             raise APIError(503, f"the server is full ({self.loop.num_unfinished} requests unfinished); "
                            "retry in a moment")
+        done = self.slots.take(self._client(request), len(prompts), params.n)  # or a 400/429
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(self.ids)}-{secrets.token_hex(3)}"
-        run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params)
+        run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params, done)
         await run.start()  # raises APIError if the engine refused a prompt
         kind = "chat.completion" if chat else "text_completion"
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
@@ -319,12 +333,47 @@ class Server:
                             | {"usage": protocol.usage(prompt_tokens, completion_tokens)})
 
 
+class ClientSlots:
+    """A fair share of the batch: each client (an address and key, Server._client) may have at
+    most `limit` sequences unfinished (each prompt's n samples), as each takes a row of every
+    step. A request beyond it is a 429 at once, rather than a wait behind one client's flood;
+    the count is taken at the door and given back as the engine lets go of each request."""
+
+    def __init__(self, limit: int):
+        self.limit = limit                 # 0: no bound
+        self.held: Counter[str] = Counter()  # client -> sequences unfinished; the event loop's only
+
+    def take(self, client: str, prompts: int, n: int):
+        """Count prompts × n sequences for client; return the callback that gives one prompt's
+        n back (None with no bound), or raise the APIError that says why not."""
+        if not self.limit:
+            return None
+        wanted = prompts * n
+        if wanted > self.limit:  # never fits: a 400 (a client retries a 429)
+            raise APIError(400, f"this request asks for {wanted} sequences ({prompts} prompts, n={n}), but each "
+                           f"client may have at most {self.limit} unfinished at once (--max-concurrent-per-client "
+                           f"{self.limit}): send fewer prompts or a smaller n", "n" if n > 1 else "prompt")
+        if self.held[client] + wanted > self.limit:
+            raise APIError(429, f"this client already has {self.held[client]} sequences unfinished, and each client "
+                           f"may have at most {self.limit} at once (--max-concurrent-per-client {self.limit}), so "
+                           "that one laptop cannot fill the room's batch: retry once one of them has finished",
+                           headers={"Retry-After": "1"})
+        self.held[client] += wanted
+        return lambda: self._give_back(client, n)
+
+    def _give_back(self, client: str, n: int) -> None:
+        self.held[client] -= n
+        if self.held[client] <= 0:
+            del self.held[client]
+
+
 class Run:
     """The engine requests of one HTTP request (one per prompt) and their shared update queue.
     Whatever ends it early (a disconnect, a cancelled handler) aborts what is unfinished."""
 
-    def __init__(self, loop: EngineLoop, request: Request, request_ids: list[str], prompts: list, params):
-        self.loop, self.request, self.params = loop, request, params
+    def __init__(self, loop: EngineLoop, request: Request, request_ids: list[str], prompts: list, params,
+                 done=None):
+        self.loop, self.request, self.params, self.done = loop, request, params, done  # done: per engine request
         self.ids, self.prompts = request_ids, prompts
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.unfinished = set(request_ids)
@@ -337,7 +386,7 @@ class Run:
         (the others are aborted: nothing of a refused request stays in the engine)."""
         self.watcher = asyncio.create_task(self._watch_disconnect())
         for request_id, prompt in zip(self.ids, self.prompts):
-            self.loop.add_request(request_id, prompt, self.params, self.updates)
+            self.loop.add_request(request_id, prompt, self.params, self.updates, self.done)
         waiting = set(self.ids)
         while waiting:
             update = await self.updates.get()

@@ -29,7 +29,7 @@ examples:
 Then, from any machine that reaches it:
   from openai import OpenAI
   client = OpenAI(base_url="http://HOST:8000/v1", api_key="room42")
-  print(client.chat.completions.create(model=client.models.list().data[0].id,
+  print(client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=128, temperature=0.7,
         messages=[{"role": "user", "content": "What is a page table?"}]).choices[0].message.content)"""
 
 
@@ -74,9 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--default-max-tokens", type=number(int, 1), default=256,
         help="tokens a chat answer may take when the request gives no max_tokens, fewer if the context "
              "or the KV pool (for n answers) holds less; completions keep OpenAI's 16 (default %(default)s)")
-    add("--max-tokens-limit", type=number(int, 1), default=None,
-        help="the most max_tokens a request may ask for: more is a 400 that says the limit "
-             "(default: no limit but the context)")
+    add("--max-tokens-limit", type=number(int, 1), default=1024,
+        help="the most max_tokens a request may ask for: more is a 400 that says the limit. 1024 is four "
+             "default answers, about 40 s of one stream on a laptop CPU; a client at its "
+             "--max-concurrent-per-client share then holds at most about a third of SmolLM2's default CPU "
+             "pool (728 frames of 16 tokens); --max-model-len's value leaves the context as the only limit "
+             "(default %(default)s)")
+    add("--max-concurrent-per-client", type=number(int, 0), default=4,
+        help="sequences (each prompt's n samples) one client may have unfinished at once; more is a 429 "
+             "with Retry-After, so that one laptop cannot fill the room's batch. A client is its address and "
+             "the API key it sends. 4: a room of 20 sharing the default batch of 64 rows gets about 3 each, "
+             "and 4 lets a participant send n=3, or a few streams, at once (0: no bound; default %(default)s)")
     add("--dashboard-show-text", action="store_true",
         help="show prompts and answers on the dashboard (by default: ids and token counts only); "
              "with --api-key, only to the key")
@@ -168,12 +176,15 @@ def main(argv=None) -> int:
     server = Server(llm.engine, llm.tokenizer, ServerConfig(
         model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
         dashboard_show_text=args.dashboard_show_text, default_max_tokens=args.default_max_tokens,
-        max_tokens_limit=args.max_tokens_limit))
+        max_tokens_limit=args.max_tokens_limit, max_concurrent_per_client=args.max_concurrent_per_client))
     port = sock.getsockname()[1]
     blocks = llm.engine.blocks
     print(f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "
           f"{blocks.num_frames} KV frames of {blocks.block_size} tokens, max_model_len "
           f"{llm.max_model_len}, {args.scheduler} batching")
+    share = f"at most {args.max_concurrent_per_client}" if args.max_concurrent_per_client else "no bound on the"
+    print(f"  a request: at most {args.max_tokens_limit} tokens ({args.default_max_tokens} if a chat gives no "
+          f"max_tokens); a client (address + key): {share} sequences at once")
     for url in urls(args.host, port):
         print(f"  API (OpenAI):  {url}/v1    dashboard: {url}/    metrics: {url}/metrics")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:

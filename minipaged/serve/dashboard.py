@@ -10,12 +10,77 @@ import time
 from collections import deque
 from importlib import resources
 
-from minipaged.viz import PALETTE
+# Colours a room tells apart from the back: every pair is at least 35 apart in CIE Lab (the
+# pictures' ten colours hold two teals 4 apart), and each is far from the greys of free,
+# cached and shared frames. Ink is the label colour that reads on it.
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#9467bd", "#f3c300",
+           "#654522", "#17becf", "#e68fac", "#000080", "#c51b7d", "#c2b280"]
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+WINDOW = 5.0  # seconds of tokens/s (vLLM logs its throughput over 5 s too)
+
+
+def luminance(colour: str) -> float:
+    """WCAG's relative luminance of '#rrggbb': 0 black .. 1 white."""
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+               for c in (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def ink(colour: str) -> str:
+    """The label colour that reads best on a fill: white or near-black, by WCAG's contrast ratio."""
+    light = luminance(colour) + 0.05
+    return "#ffffff" if 1.05 / light >= light / (luminance("#111111") + 0.05) else "#111111"
 
 
 def page() -> str:
     """The dashboard: one HTML file with its script inline (no build step, no CDN)."""
     return resources.files("minipaged.serve").joinpath("dashboard.html").read_text()
+
+
+class Styles:
+    """A colour and a letter (the short label the frame map writes in its cells) for each live
+    request, given at its first admission, in arrival order, and kept until it finishes. No two
+    live requests share a colour while there are colours left; past that, a newcomer takes the
+    colour fewest live requests hold. Both go round, so a colour just given back waits its turn."""
+
+    def __init__(self):
+        self.live: dict[str, tuple[int, str]] = {}  # request id -> (colour index, letter)
+        self.gone: dict[str, str] = {}              # the letters of the last requests that finished
+        self.next_colour = self.next_letter = 0
+
+    def of(self, request_id: str) -> tuple[int, str]:
+        if request_id not in self.live:
+            self.live[request_id] = (self._colour(), self._letter())
+        return self.live[request_id]
+
+    def release(self, request_id: str) -> None:
+        if request_id in self.live:
+            self.gone[request_id] = self.live.pop(request_id)[1]
+            if len(self.gone) > 256:
+                del self.gone[next(iter(self.gone))]
+
+    def letter(self, request_id: str) -> str | None:
+        """The letter of a live request, or of one that finished lately (static batching still
+        computes its row: padding); None for a request never admitted."""
+        return self.live[request_id][1] if request_id in self.live else self.gone.get(request_id)
+
+    def _colour(self) -> int:
+        used = [0] * len(PALETTE)
+        for colour, _ in self.live.values():
+            used[colour] += 1
+        order = [(self.next_colour + i) % len(PALETTE) for i in range(len(PALETTE))]
+        colour = min(order, key=lambda c: used[c])  # the first of the least used, in turn
+        self.next_colour = (colour + 1) % len(PALETTE)
+        return colour
+
+    def _letter(self) -> str:
+        held = {letter for _, letter in self.live.values()}
+        for i in range(len(LETTERS)):
+            letter = LETTERS[(self.next_letter + i) % len(LETTERS)]
+            if letter not in held:
+                self.next_letter = (self.next_letter + i + 1) % len(LETTERS)
+                return letter
+        return next(f"{c}{n}" for n in range(2, 10**6) for c in LETTERS if f"{c}{n}" not in held)
 
 
 class Dashboard:
@@ -29,8 +94,11 @@ class Dashboard:
                  timeline_steps: int = 200):
         self.model_name, self.interval, self.show_text = model_name, interval, show_text
         self.timeline: deque[dict] = deque(maxlen=timeline_steps)  # one row per step, newest last
-        self.recent: deque[tuple[float, int]] = deque()            # (time, tokens sampled) for tok/s
-        self.totals = {"steps": 0, "finished": 0, "preemptions": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self.recent: deque[tuple[float, int]] = deque()            # (time, tokens sampled), last WINDOW s
+        self.busy_since: float | None = None                       # start of this busy spell (None: idle)
+        self.styles = Styles()
+        self.ending: list[str] = []  # finished since the last step: their colours go back after it
+        self.totals = {"steps": 0, "finished": 0, "preemptions": 0}
         self.latest: dict | None = None  # replaced, never changed: readers on other threads are safe
         self.public: dict | None = None  # latest without prompts and answers
         self.version, self.published = 0, 0.0
@@ -40,6 +108,12 @@ class Dashboard:
         now = time.perf_counter()
         if report is not None:
             self._record(report, now)
+        for request_id in self.ending:  # the loop tells finished() before the step's report
+            self.styles.release(request_id)
+        self.ending.clear()
+        if idle:
+            self.recent.clear()
+            self.busy_since = None
         if idle or now - self.published >= self.interval:
             latest = self.snapshot(engine, now)
             self.public = without_text(latest) if self.show_text else latest
@@ -48,19 +122,27 @@ class Dashboard:
 
     def finished(self, output, stream) -> None:
         self.totals["finished"] += 1
-        self.totals["prompt_tokens"] += len(output.prompt_token_ids)
-        self.totals["cached_tokens"] += output.num_cached_tokens
+        self.ending.append(output.request_id)
 
     def _record(self, report, now: float) -> None:
         self.totals["steps"] += 1
         self.totals["preemptions"] += len(report.preempted)
+        if self.busy_since is None:
+            self.busy_since = now - report.seconds
         self.recent.append((now, len(report.ran)))  # each row of the batch sampled a token
-        while self.recent and self.recent[0][0] < now - 2.0:
+        while self.recent[0][0] < now - WINDOW:
             self.recent.popleft()
-        self.timeline.append({"step": report.step, "ms": round(1000 * report.seconds, 1),
-                              "ran": [[rid, index, kind, n] for rid, index, kind, n in report.ran],
+        ran = [[rid, index, kind, n, *self.styles.of(rid)] for rid, index, kind, n in report.ran]
+        self.timeline.append({"step": report.step, "ms": round(1000 * report.seconds, 1), "ran": ran,
                               "preempted": [rid for rid, _ in report.preempted],
                               "padded": [rid for rid, _ in report.padded]})
+
+    def tokens_per_s(self, now: float) -> float:
+        """Tokens sampled per second over the last WINDOW seconds of this busy spell; 0 when idle."""
+        if self.busy_since is None or not self.recent:
+            return 0.0
+        start = max(now - WINDOW, self.busy_since)
+        return round(sum(n for t, n in self.recent if t >= start) / max(now - start, 1e-3), 1)
 
     # ---- one snapshot ------------------------------------------------------------------------
     def snapshot(self, engine, now: float) -> dict:
@@ -77,20 +159,20 @@ class Dashboard:
                 frames[state.frame] = [len(state.owners), *owners]  # [ref count, requests that map it]
             elif state.cached:
                 frames[state.frame] = "c"  # a cached prefix block nobody maps: free, but findable again
-        span = now - self.recent[0][0] if len(self.recent) > 1 else 0.0
-        queries = self.totals["prompt_tokens"]
+        queries, hits = blocks.prefix_cache_queries, blocks.prefix_cache_hits
         return {
             "model": self.model_name, "time": time.time(), "step": self.totals["steps"], "block_size": blocks.block_size,
             "num_frames": blocks.num_frames, "free_frames": blocks.num_free_frames,
-            "frames": frames, "palette": PALETTE,
+            "frames": frames, "palette": [[colour, ink(colour)] for colour in PALETTE],
             "requests": [self._request(r, status, blocks) for r, status in requests],
             "queues": {name: [r.request_id for r in queue] for name, queue in queues.items()},
             "timeline": list(self.timeline),
             "counters": {
-                "tokens_per_s": round(sum(n for _, n in list(self.recent)[1:]) / span, 1) if span else 0.0,
+                "tokens_per_s": self.tokens_per_s(now), "window_s": WINDOW,
                 "kv_usage": round(1 - blocks.num_free_frames / blocks.num_frames, 4),
                 "preemptions": self.totals["preemptions"], "finished": self.totals["finished"],
-                "prefix_hit_rate": round(self.totals["cached_tokens"] / queries, 4) if queries else 0.0,
+                "prefix_cache_queries": queries, "prefix_cache_hits": hits,
+                "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
             },
         }
 
@@ -103,7 +185,11 @@ class Dashboard:
             if self.show_text:
                 seq_view["text"] = seq.released_text
             seqs.append(seq_view)
-        view = {"id": request.request_id, "status": status, "prompt_tokens": len(request.prompt_token_ids),
+        rid = request.request_id  # waiting: coloured if preempted (admitted before); padding: finished, grey
+        admitted = status in ("running", "swapped") or rid in self.styles.live
+        colour, label = self.styles.of(rid) if admitted else (None, self.styles.letter(rid))
+        view = {"id": rid, "status": status, "colour": colour, "label": label,
+                "prompt_tokens": len(request.prompt_token_ids),
                 "output_tokens": sum(len(seq.output_ids) for seq in request.seqs), "seqs": seqs}
         if self.show_text:
             view["prompt"] = request.prompt

@@ -10,6 +10,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minipaged.outputs import RequestOutput, StepReport
@@ -33,6 +34,7 @@ class Stream:
     arrival: float
     sent: dict[int, int] = field(default_factory=dict)  # sequence index -> characters handed out
     first_token: float | None = None
+    done: Callable[[], None] | None = None              # called on its event loop after the last update
 
 
 class EngineLoop:
@@ -52,11 +54,12 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
 
     # ---- called from the HTTP server's event loop -----------------------------------------
-    def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue) -> None:
-        """Queue a request; its Updates arrive in `updates` (one queue may serve several)."""
+    def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue, done=None) -> None:
+        """Queue a request; its Updates arrive in `updates` (one queue may serve several), and
+        `done()` runs once the engine has let go of it (finished, aborted or refused)."""
         self.accepted += 1
         self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter())))
+                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), done=done)))
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its client left): its frames are freed at the loop's next turn."""
@@ -143,11 +146,14 @@ class EngineLoop:
     def _send(self, request_id: str, update: Update) -> None:
         """Put an update on the request's queue, on its event loop; the last one forgets it."""
         stream = self.streams[request_id]
-        if update.output is not None or update.error is not None:
+        last = update.output is not None or update.error is not None
+        if last:
             del self.streams[request_id]
             self.done += 1
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, update)
+            if last and stream.done is not None:  # after the put: the handler sees its slot free
+                stream.loop.call_soon_threadsafe(stream.done)
         except RuntimeError:  # the server's event loop is closed: nobody is listening
             pass
 

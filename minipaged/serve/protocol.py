@@ -17,8 +17,8 @@ from minipaged.engine import check_text
 from minipaged.sampling import MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 503: "ServiceUnavailableError",
-               500: "InternalServerError"}
+               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 429: "RateLimitError",
+               503: "ServiceUnavailableError", 500: "InternalServerError"}
 MAX_DEPTH = 16   # no request field nests deeper than 5; a body nested deeper is refused before it is read
 MAX_DIGITS = 30  # no request field takes a longer integer (a seed is at most 19 digits)
 
@@ -26,9 +26,10 @@ MAX_DIGITS = 30  # no request field takes a longer integer (a seed is at most 19
 class APIError(Exception):
     """An error the client gets as {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = headers  # sent with the answer (a 429's Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "APIError"),
