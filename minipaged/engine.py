@@ -16,10 +16,11 @@ from minipaged import beam
 from minipaged.model import IncrementalDetokenizer, Model, Tokenizer
 from minipaged.outputs import CompletionOutput, RequestOutput, StepReport
 from minipaged.paging import (ALLOCATORS, SWAP_SPACE, KVCache, check_size, default_kv_memory, make_block_manager,
-                              num_blocks_for_memory)
+                              make_policy, num_blocks_for_memory)
 from minipaged.runner import ModelRunner
-from minipaged.sampling import SamplingParams, int_list, make_generator, sample
-from minipaged.scheduler import Batch, Request, Scheduler, SchedulerConfig, Sequence, Status
+from minipaged.sampling import SamplingParams, int_list, make_generator, sample, verify
+from minipaged.scheduler import Batch, Request, Scheduled, Scheduler, SchedulerConfig, Sequence, Status
+from minipaged.speculative import DraftLayers, NgramProposer, SpeculativeConfig
 
 
 @dataclass(slots=True)
@@ -32,11 +33,14 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 0     # 0: max(4096, max_model_len); 512 with chunked prefill
     enable_prefix_caching: bool = True
+    prefix_cache_policy: str = "lru"    # which parked cached frame goes first: "fifo", "clock", "random"
+    scheduling_policy: str = "fcfs"     # waiting-queue order: "sjf" (shortest job first), "aging"
     preemption_mode: str = "recompute"
     scheduler: str = "continuous"       # or "static": the pre-Orca baseline
     watermark: float = 0.01
     allocator: str = "paged"            # or "contiguous-max" / "-pow2" / "-oracle": Orca's baselines
     enable_chunked_prefill: bool = False  # prompts in chunks within max_num_batched_tokens per step
+    speculative_config: dict | SpeculativeConfig | None = None  # vLLM's: {"method": "ngram", ...}
 
     def __post_init__(self):
         """Every option, before any memory is sized (the scheduler's by SchedulerConfig)."""
@@ -46,8 +50,14 @@ class EngineConfig:
         for name in ("enable_prefix_caching", "enable_chunked_prefill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        make_policy(self.prefix_cache_policy)  # a ValueError naming the policies, for a bad name
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        if self.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+            if self.allocator != "paged":
+                raise ValueError(f"speculative decoding rolls page tables back: it needs allocator='paged', "
+                                 f"not {self.allocator!r}")
         self.scheduler_config(max_model_len=0)  # checks the scheduler's options now
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -55,7 +65,12 @@ class EngineConfig:
         return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, watermark=self.watermark,
                                max_model_len=max_model_len, policy=self.scheduler,
-                               chunked_prefill=self.enable_chunked_prefill)
+                               chunked_prefill=self.enable_chunked_prefill, scheduling_policy=self.scheduling_policy,
+                               num_speculative_tokens=self.num_speculative_tokens)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
 
 class LLMEngine:
@@ -73,15 +88,30 @@ class LLMEngine:
         max_model_len = min(config.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
         self.blocks = make_block_manager(config.allocator, config.scheduler, num_blocks, config.block_size,
                                          min(max_model_len, num_blocks * config.block_size), host_frames,
-                                         config.enable_prefix_caching)
+                                         config.enable_prefix_caching, config.prefix_cache_policy)
         self.max_model_len = min(max_model_len, self.blocks.num_frames * self.blocks.block_size)
         self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,  # the chosen
                           self.blocks.block_size, self.blocks.num_host_frames, model.dtype, model.device)  # frames
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.blocks)
         self.runner = ModelRunner(model, self.kv, self.blocks)
+        self.proposer = self._make_proposer(config.speculative_config)
         self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.step_count = 0
+        self.num_guessed = self.num_accepted = 0  # speculative decoding: guesses checked, and right
+
+    def _make_proposer(self, spec: SpeculativeConfig | None):
+        """The proposer of speculative decoding, or None without it."""
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        num_layers = self.model.config.num_layers
+        draft_layers = spec.num_draft_layers or max(1, num_layers // 4)
+        if draft_layers >= num_layers:
+            raise ValueError(f"num_draft_layers={draft_layers}, but the model has {num_layers} layers: "
+                             "a draft must be smaller than the model it guesses for")
+        return DraftLayers(self.runner, draft_layers)
 
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
@@ -127,9 +157,10 @@ class LLMEngine:
             raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
                                "requests that can never fit are rejected by add_request)")
         self.runner.move(batch.moves)
-        finished = []
+        finished, guessed, accepted = [], self.num_guessed, self.num_accepted
         if batch.scheduled:
-            logits = self.runner.run(self.runner.prepare(batch))     # (num_seqs, vocab)
+            self._guess(batch)
+            logits = self.runner.run(self.runner.prepare(batch))     # (num_seqs + guesses, vocab)
             finished = [self._finish(r) for r in self._sample_and_update(batch, logits)]
         self.step_count += 1
         return StepReport(
@@ -140,29 +171,62 @@ class LLMEngine:
             swapped_out=len(batch.moves.swap_out), swapped_in=len(batch.moves.swap_in),
             cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
             seconds=time.perf_counter() - start,
-            padded=[(request.request_id, seq.index) for request, seq in batch.padding])
+            padded=[(request.request_id, seq.index) for request, seq in batch.padding],
+            guessed=self.num_guessed - guessed, accepted=self.num_accepted - accepted)
 
     # ---- inside a step -----------------------------------------------------------------------
+    def _guess(self, batch: Batch) -> None:
+        """Speculative decoding: the proposer guesses the tokens after each decode that has
+        guess slots; the forward then checks them beside the rest of the batch."""
+        rows = [s for s in batch.scheduled if s.guess_slots]
+        if rows and self.proposer is not None:
+            for scheduled, draft in zip(rows, self.proposer.propose(rows)):
+                scheduled.guess(draft)
+                self.num_guessed += len(draft)
+
     def _sample_and_update(self, batch: Batch, logits: np.ndarray) -> list[Request]:
-        """Pick each sampler's next token (or the next beams), decide which text stops, and
-        let the scheduler apply it all; returns the requests that finished."""
-        rows, beams = [], {}
-        for scheduled, row in zip(batch.scheduled, logits):
-            for seq in scheduled.samplers:  # forked samples of one prompt share its logits
+        """Pick each sampler's next token (or the next beams; or check guesses), decide which
+        text stops, and let the scheduler apply it all; returns the requests that finished."""
+        rows, beams, checked, at = [], {}, [], 0
+        for scheduled in batch.scheduled:  # each row's logits: its last token's, then its guesses'
+            block, at = logits[at:at + 1 + len(scheduled.draft)], at + 1 + len(scheduled.draft)
+            if scheduled.draft:
+                checked.append((scheduled, block))
+            for seq in [] if scheduled.draft else scheduled.samplers:  # forked samples share logits
                 if scheduled.request.beam_search:
-                    beams.setdefault(scheduled.request, []).append((seq, row))
+                    beams.setdefault(scheduled.request, []).append((seq, block[-1]))
                 else:
-                    rows.append((scheduled.request, seq, row))
+                    rows.append((scheduled.request, seq, block[-1]))
         picked = sample(np.stack([row for *_, row in rows]), [r.params for r, *_ in rows],
                         [seq.generator for _, seq, _ in rows]) if rows else []
         tokens = {seq: int(token) for (_, seq, _), token in zip(rows, picked)}
         stopped = {seq for (request, seq, _), token in zip(rows, picked) if self._stops(request.params, seq, token)}
+        accepted = self._verify(checked, tokens, stopped)
         steps = {request: beam.step(pairs, request.params.beam_width, lambda t, p=request.params: self._ends(t, p))
                  for request, pairs in beams.items()}
-        finished = self.scheduler.update(batch, tokens, stopped, steps)
-        for request, seq, _ in rows:  # text that could still become a stop string waits
+        finished = self.scheduler.update(batch, tokens, stopped, steps, accepted)
+        for request, seq in [(r, s) for r, s, _ in rows] + [(s.request, s.seq) for s, _ in checked]:
+            # text that could still become a stop string waits
             seq.released = len(seq.text) if seq.finished else len(seq.text) - held_back(seq.text, request.params.stop)
         return finished
+
+    def _verify(self, checked: list[tuple[Scheduled, np.ndarray]], tokens: dict, stopped: set) -> dict:
+        """Check each row's guesses against its logits (sampling.verify): the emitted tokens are
+        the accepted guesses and one token of the model's; a stop among them cuts the run there,
+        as it would have one token at a time. Fills tokens and stopped; returns the accepted."""
+        accepted = {}
+        for scheduled, block in checked:
+            seq, params = scheduled.seq, scheduled.request.params
+            emitted = verify(block, scheduled.draft, params, seq.generator)  # (block: (1 + guesses, vocab))
+            self.num_accepted += len(emitted) - 1
+            kept = []
+            for token in emitted:
+                kept.append(token)
+                if self._stops(params, seq, token):
+                    stopped.add(seq)
+                    break
+            tokens[seq], accepted[seq] = kept[-1], kept[:-1]
+        return accepted
 
     def _stops(self, p: SamplingParams, seq: Sequence, token: int) -> bool:
         """Does this token end the sequence's text: eos, a stop token, or a stop string now in
@@ -197,6 +261,9 @@ class LLMEngine:
             raise ValueError(f"prompt has {len(ids)} tokens; this model's max_model_len is "
                              f"{self.max_model_len} (and one token must be generated)")
         self._check_fits(len(ids), params)
+        if params.beam_width > 1 and self.proposer is not None:
+            raise ValueError(f"beam search (beam_width={params.beam_width}) cannot run with speculative_config: "
+                             "beams fork at every token, guesses need one sequence; use n instead")
         return text, ids
 
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:

@@ -46,6 +46,8 @@ class StepReport:
     finished: list[RequestOutput]
     seconds: float
     padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
+    guessed: int = 0                       # speculative decoding: guessed tokens checked this step
+    accepted: int = 0                      # of those, the ones the model agreed with
 
     @property
     def padding(self) -> int:

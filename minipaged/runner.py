@@ -27,6 +27,7 @@ class StepInputs:
     block_tables: np.ndarray  # (num_seqs, max_blocks) int32, padded with -1
     context_lens: np.ndarray  # (num_seqs,) int32: tokens each row attends to
     query_lens: list[int]     # (num_seqs,) new tokens of each row
+    num_logits: list[int] | None = None  # (num_seqs,) trailing tokens of each row with logits (None: 1 each)
 
 
 def step_inputs(blocks: BlockManager, seq_ids: list, num_new_tokens: list[int], context_lens: list[int] | None = None,
@@ -88,17 +89,25 @@ class ModelRunner:
         self.kv.apply(moves, self.attention.impl.copy_blocks)
 
     def prepare(self, batch) -> StepInputs:
-        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens; then the
+        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens (a
+        speculating one's last token and its guesses, each with logits to check them); then the
         padding rows of a static batch, which compute their last token again and write nothing."""
-        rows = [(s.seq, s.num_new_tokens, s.seq.num_computed + s.num_new_tokens, True) for s in batch.scheduled]
-        rows += [(seq, 1, seq.num_computed, False) for _, seq in batch.padding]
-        seqs, lens, ends, writes = zip(*rows)
-        return step_inputs(self.blocks, [seq.seq_id for seq in seqs], list(lens), list(ends), list(writes),
-                           [seq.token_ids[end - n:end] for seq, n, end, _ in rows])
+        rows = [(s.seq.token_ids + s.draft, s.seq.seq_id, s.num_new_tokens, s.seq.num_computed + s.num_new_tokens,
+                 True) for s in batch.scheduled]
+        rows += [(seq.token_ids, seq.seq_id, 1, seq.num_computed, False) for _, seq in batch.padding]
+        tokens, seq_ids, lens, ends, writes = zip(*rows)
+        inputs = step_inputs(self.blocks, list(seq_ids), list(lens), list(ends), list(writes),
+                             [ids[end - n:end] for ids, _, n, end, _ in rows])
+        if any(s.draft for s in batch.scheduled):
+            inputs.num_logits = [1 + len(s.draft) for s in batch.scheduled] + [1] * len(batch.padding)
+        return inputs
 
-    def run(self, inputs: StepInputs) -> np.ndarray:
-        """Logits (num_seqs, vocab) of each row's last token."""
-        last_rows = np.cumsum(inputs.query_lens) - 1            # (num_seqs,) row of each last token
+    def run(self, inputs: StepInputs, model: Model | None = None) -> np.ndarray:
+        """Logits (sum(num_logits), vocab): of each row's last token, or its last num_logits[i]
+        tokens. `model` runs instead of the runner's (a draft sharing its weights and cache)."""
+        ends = np.cumsum(inputs.query_lens)                     # (num_seqs,) one past each row
+        rows = ends - 1 if inputs.num_logits is None else \
+            np.concatenate([np.arange(end - n, end) for end, n in zip(ends, inputs.num_logits)])
         self.attention.set_step(inputs)
-        return to_numpy(self.model.forward(inputs.token_ids, inputs.positions, self.attention,
-                                           logits_indices=last_rows))
+        return to_numpy((model or self.model).forward(inputs.token_ids, inputs.positions, self.attention,
+                                                      logits_indices=rows))

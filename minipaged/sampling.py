@@ -134,11 +134,18 @@ def sample(logits: np.ndarray, params: list[SamplingParams],
 
 def sample_row(logits: np.ndarray, p: SamplingParams, gen: np.random.Generator) -> int:
     """Temperature -> top-k -> top-p -> draw, for one row of logits (vocab,)."""
+    order, kept = candidates(logits, p)
+    return int(draw(kept, gen) if order is None else order[draw(kept, gen)])
+
+
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
+    """Temperature -> top-k -> top-p of one row (vocab,): the token ids left, most likely first
+    (None: all of them, in id order), and their weights (not normalised)."""
     scaled = logits / np.float32(p.temperature)
     probs = np.exp(scaled - scaled.max())                  # (vocab,), not yet normalised
     k = p.top_k if p.top_k > 0 else len(probs)
     if k == len(probs) and p.top_p == 1.0:
-        return draw(probs, gen)
+        return None, probs
     order = most_likely(probs, min(k, HEAD))               # token ids, most likely first
     if len(order) < k and probs[order].sum() < p.top_p * probs.sum():
         order = most_likely(probs, k)                      # a flat distribution: sort them all
@@ -146,7 +153,42 @@ def sample_row(logits: np.ndarray, p: SamplingParams, gen: np.random.Generator) 
     if p.top_p < 1.0:
         n = int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1  # smallest prefix reaching top_p
         order, kept = order[:n], kept[:n]
-    return int(order[draw(kept, gen)])
+    return order, kept
+
+
+def distribution(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The probabilities (vocab,) float64 that sample_row draws one row's token from."""
+    if p.greedy:
+        out = np.zeros(len(logits))
+        out[int(logits.argmax())] = 1.0
+        return out
+    order, kept = candidates(logits, p)
+    out = np.zeros(len(logits))
+    out[slice(None) if order is None else order] = kept
+    return out / out.sum()
+
+
+def verify(logits: np.ndarray, draft: list[int], p: SamplingParams, gen: np.random.Generator,
+           draft_probs: np.ndarray | None = None) -> list[int]:
+    """Speculative sampling (Leviathan et al. 2023): logits (len(draft) + 1, vocab) are the
+    model's at the last token and at each guess. Guess x, proposed with probability q(x)
+    (draft_probs (len(draft), vocab); None: the proposer is sure, q = 1 at x), is accepted
+    with probability min(1, p(x) / q(x)); the first rejected one is replaced by a draw from
+    max(0, p - q), renormalised; if all are accepted, one more token is sampled from the last
+    row. Each emitted token is then distributed as the model's own (greedy: its argmax)."""
+    if p.greedy:  # accept while the guess is the model's argmax, then the argmax
+        target = logits.argmax(axis=-1).tolist()
+        n = next((i for i, x in enumerate(draft) if x != target[i]), len(draft))
+        return list(draft[:n]) + [target[n]]
+    out = []
+    for i, x in enumerate(draft):
+        probs = distribution(logits[i], p)                  # (vocab,)
+        q = draft_probs[i] if draft_probs is not None else np.eye(1, len(probs), x)[0]
+        if gen.random() * q[x] < probs[x]:
+            out.append(int(x))
+            continue
+        return out + [draw(np.maximum(probs - q, 0.0), gen)]
+    return out + [sample_row(logits[len(draft)], p, gen)]
 
 
 def draw(weights: np.ndarray, gen: np.random.Generator) -> int:

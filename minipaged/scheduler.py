@@ -27,6 +27,14 @@ class Scheduled:
     num_new_tokens: int
     samplers: list[Sequence]
     kind: str = "decode"  # or "prefill": the sequence's tokens enter the cache now
+    guess_slots: int = 0  # speculative decoding: slots taken for guesses after its last token
+    draft: list[int] = field(default_factory=list)  # the guesses checked this step (<= guess_slots)
+
+    def guess(self, draft: list[int]) -> None:
+        """Check these guessed tokens in this step's forward, after the last token."""
+        assert len(draft) <= self.guess_slots, f"{len(draft)} guesses for {self.guess_slots} slots"
+        self.draft = list(draft)
+        self.num_new_tokens = 1 + len(draft)
 
 
 @dataclass(slots=True)
@@ -57,6 +65,7 @@ CONTINUOUS = BatchingPolicy("continuous", joins_running_batch=True, reserves_who
 STATIC = BatchingPolicy("static", joins_running_batch=False, reserves_whole_run=True,
                         keeps_finished_rows=True)
 POLICIES = {p.name: p for p in (CONTINUOUS, STATIC)}
+WAITING_ORDERS = ("fcfs", "sjf", "aging")  # first come first served; shortest job first; SJF with aging
 
 
 @dataclass(slots=True)
@@ -68,8 +77,15 @@ class SchedulerConfig:
     max_model_len: int = 2048            # the longest a sequence may grow
     policy: str = "continuous"           # or "static": the pre-Orca baseline
     chunked_prefill: bool = False        # split prompts to fit max_num_batched_tokens per step
+    scheduling_policy: str = "fcfs"      # waiting-queue order: "fcfs", "sjf" or "aging" (WAITING_ORDERS)
+    aging_rate: float = 8.0              # "aging": job-size tokens forgiven per step waited
+    num_speculative_tokens: int = 0      # slots for guesses after each decode (speculative decoding)
 
     def __post_init__(self):
+        if self.scheduling_policy not in WAITING_ORDERS:
+            raise ValueError(f"scheduling_policy must be one of {WAITING_ORDERS}, got {self.scheduling_policy!r}")
+        if not isinstance(self.aging_rate, (int, float)) or not self.aging_rate > 0:
+            raise ValueError(f"aging_rate must be a number > 0 (tokens per step waited), got {self.aging_rate!r}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.policy not in POLICIES:
@@ -80,6 +96,10 @@ class SchedulerConfig:
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
+        check_size("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
+        if self.num_speculative_tokens and self.policy == "static":
+            raise ValueError("speculative decoding needs scheduler='continuous': a static batch keeps "
+                             "finished rows as padding and never rolls a row back")
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
             self.max_num_batched_tokens = 512 if self.chunked_prefill else max(4096, self.max_model_len)
@@ -121,15 +141,18 @@ class Scheduler:
         self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}  # (seq, samplers) left
         self.watermark_frames = int(config.watermark * blocks.num_frames)
         self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
+        self.steps = 0                    # schedule() calls so far: the clock waits are counted on
+        self.arrived: dict[Request, int] = {}  # waiting request -> the step it arrived at
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
+        self.arrived[request] = self.steps
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> Batch:
-        batch = Batch()
+        batch, self.steps = Batch(), self.steps + 1
         self._reserve_decode_slots(batch)
         if not batch.preempted:
             self._swap_in(batch)
@@ -139,25 +162,32 @@ class Scheduler:
                 and (self.policy.joins_running_batch or not self.running)):
             self._admit(batch)
         batch.padding = list(self.padding)
+        if self.config.num_speculative_tokens:
+            self._reserve_guesses(batch)
         return batch
 
     def new_seq_id(self) -> int:
         return next(self.seq_ids)
 
     def update(self, batch: Batch, tokens: dict[Sequence, int], stopped=frozenset(),
-               beams: dict[Request, beam.BeamStep] | None = None) -> list[Request]:
+               beams: dict[Request, beam.BeamStep] | None = None,
+               accepted: dict[Sequence, list[int]] | None = None) -> list[Request]:
         """After the forward pass: every scheduled sequence's new tokens now have K and V in the
-        cache; each sampler appends its token (a beam search applies its BeamStep instead) and
-        finishes if it is in `stopped` (eos, a stop string) or at its length limit. Returns the
-        requests that finished, in the order they ran."""
-        request_of = {}
+        cache; each sampler appends its accepted guesses (speculative decoding: the rest are
+        rolled back) and its token (a beam search applies its BeamStep instead), and finishes if
+        it is in `stopped` (eos, a stop string) or at its length limit. Returns the requests
+        that finished, in the order they ran."""
+        request_of, accepted = {}, accepted or {}
         for scheduled in batch.scheduled:
             scheduled.seq.num_computed += scheduled.num_new_tokens  # (a prompt chunk samples nothing)
+            if scheduled.guess_slots:
+                self.blocks.settle_guesses(scheduled.seq.seq_id, accepted.get(scheduled.seq, []))
             for seq in scheduled.samplers:  # forked samples share the prompt's cache
                 seq.num_computed = len(scheduled.seq.token_ids)
                 request_of[seq] = scheduled.request
         for seq, token in tokens.items():
-            seq.token_ids.append(token)
+            seq.num_computed += len(accepted.get(seq, ()))  # accepted guesses have their K and V
+            seq.token_ids += [*accepted.get(seq, ()), token]
             request = request_of[seq]
             if seq in stopped:
                 self._finish_seq(request, seq, "stop")
@@ -183,6 +213,7 @@ class Scheduler:
             if request in queue:
                 queue.remove(request)
         self.prefilling.pop(request, None)
+        self.arrived.pop(request, None)
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
@@ -259,6 +290,22 @@ class Scheduler:
             else:
                 self._schedule_decode(request, batch)
 
+    def _reserve_guesses(self, batch: Batch) -> None:
+        """Speculative decoding: each decode gets slots for up to k guesses after its last
+        token, within the step's token budget, the frames free now (a guess never preempts
+        anyone) and what the sequence may still emit (the accepted guesses and one token more)."""
+        budget = self.config.max_num_batched_tokens - batch.num_tokens
+        for s in batch.scheduled:
+            if s.kind != "decode" or s.request.beam_search or budget <= 0:
+                continue
+            seq, p = s.seq, s.request.params
+            room = min(self.config.num_speculative_tokens, budget, p.max_tokens - len(seq.output_ids) - 1,
+                       self.config.max_model_len - len(seq.token_ids) - 1)
+            if room > 0:
+                s.guess_slots, cows = self.blocks.append_guess_slots(seq.seq_id, room)
+                batch.moves.copies += cows
+                budget -= s.guess_slots
+
     def _swap_in(self, batch: Batch) -> None:
         while self.swapped:
             request = self.swapped[0]
@@ -273,7 +320,7 @@ class Scheduler:
     def _admit(self, batch: Batch) -> None:
         budget, promised = self.blocks.num_free_frames, 0
         while self.waiting:
-            request = self.waiting[0]
+            request = self._next_waiting()
             mapped = self._to_map(request)
             alone = not self.running  # a request that fits an idle engine is always admitted
             tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
@@ -285,10 +332,28 @@ class Scheduler:
             if promised + frames > budget - keep_free or not self.blocks.can_reserve(frames // len(mapped)):
                 return
             promised += frames
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self._allocate(request, mapped, batch)
             if self.prefilling:  # a part-computed prompt: nobody may hit its blocks yet
                 return
+
+    def _next_waiting(self) -> Request:
+        """The waiting request admission tries next (if it does not fit, nobody else is tried).
+        Requests preempted by recompute come first, in their order, whatever the policy; then
+        `fcfs` takes the oldest; `sjf` the smallest job (prompt + max_tokens tokens, what is known
+        before it runs); `aging` the smallest job after forgiving `aging_rate` tokens per step
+        waited. Aging bounds starvation: a job of S tokens waits only for requests that arrived
+        within (S - 1) / aging_rate steps after it. Ties go to the oldest."""
+        policy = self.config.scheduling_policy
+        if policy == "fcfs" or self.waiting[0].seqs[0].output_ids:  # (a preempted one is at the front)
+            return self.waiting[0]
+        rate = self.config.aging_rate if policy == "aging" else 0.0
+
+        def priority(request: Request) -> float:
+            size = len(request.prompt_token_ids) + request.params.max_tokens
+            return size - rate * (self.steps - self.arrived[request])
+
+        return min(self.waiting, key=priority)  # min keeps the first (oldest) of equals
 
     # ---- the steps they share -------------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
@@ -381,5 +446,5 @@ class Scheduler:
         return sum(r.width for r in self.running)
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES",
+__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES", "WAITING_ORDERS",
            "Sequence", "Request", "Batch", "Scheduled", "Status"]

@@ -6,7 +6,9 @@ and fails when the committed ones are stale. The numbers come from the same runs
 `python -m minipaged.bench memory` and the notebooks. The batching and serving figures run
 SmolLM2 on the CPU, with random prompts and answers of fixed length (ignore_eos): what gets
 scheduled when depends on token counts only, never on which tokens the model picks, so those
-pictures are the same on every machine.
+pictures are the same on every machine. The dashboard's screenshots (docs/figures/dashboard*.png)
+come from a live server in a browser instead, never the same twice:
+`MINIPAGED_UPDATE_FIGURES=1 pytest tests/test_serve_dashboard.py` writes them.
 """
 
 from __future__ import annotations
@@ -118,6 +120,23 @@ def copied_on_write() -> BlockManager:
     manager = forked()
     for seq_id in manager.seq_ids():
         manager.append_slot(seq_id, 100)
+    return manager
+
+
+# ---- 8. speculative decoding: guess slots and their rollback -----------------------------------
+
+def guessing() -> BlockManager:
+    """A 10-token sequence in frames of 4 that took slots for 5 guessed tokens."""
+    manager = BlockManager(num_blocks=12, block_size=4, enable_prefix_caching=False)
+    manager.allocate("s", list(range(10)))
+    manager.append_guess_slots("s", 5)
+    return manager
+
+
+def rolled_back() -> BlockManager:
+    """After guessing(): the model accepted the first 2 guesses; the rest are rolled back."""
+    manager = guessing()
+    manager.settle_guesses("s", [10, 11])
     return manager
 
 
@@ -247,6 +266,8 @@ def figures() -> dict:
             "fork.svg": PageTableView(forked(), ["s0", "s1", "s2", "s3"]),
             "copy_on_write.svg": PageTableView(copied_on_write(), ["s0", "s1", "s2", "s3"]),
             "sharing_savings.svg": sharing_savings(),
+            "speculative_guesses.svg": PageTableView(guessing(), ["s"]),
+            "speculative_rollback.svg": PageTableView(rolled_back(), ["s"]),
             **timelines(llm),
             "serving_frames.svg": serving_frames,
             "serving_frame_map.svg": serving_map,

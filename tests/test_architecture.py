@@ -13,6 +13,7 @@ LAYERS = [
     {"backend", "sampling", "outputs"},
     {"attention", "model", "paging", "sequence", "beam"},
     {"scheduler", "runner", "viz"},
+    {"speculative"},  # proposers: the n-gram lookup, and draft layers run through the runner
     {"engine"},
     {"llm"},
     {"chat", "serve", "bench", "lab", "minipaged"},  # the doors (and __init__)

@@ -45,6 +45,7 @@ ZERO_IS_VALID = {  # (command, option) -> what zero means there
     ("simulate", "--threshold"): "four times paging's normalized latency at the lowest rate",
     ("serve", "--port"): "the system picks a free port",
     ("serve", "--max-waiting"): "no request queues beyond --max-num-seqs",
+    ("serve", "--max-concurrent-per-client"): "no bound on one client's share",
     **{(f"bench {name}", "--seed"): SEED for name in ("memory", "throughput", "sharing", "serve", "latency")},
 }
 

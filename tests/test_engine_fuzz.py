@@ -3,7 +3,8 @@
 Each scenario is drawn from one seed: block size (1, 2, 5, 16), continuous or static scheduler,
 preemption by recompute or swap, prefix caching on or off, paged or contiguous memory (Orca's
 max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requests only),
-chunked prefill with a budget of a few tokens per step, max_model_len, a KV pool from the
+chunked prefill with a budget of a few tokens per step, speculative decoding (n-gram or draft
+layers, k guesses; continuous and paged only, no beams: refused), max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
@@ -13,13 +14,17 @@ by code of this file only (it reads engine internals, never changes them):
   map it (device and host pools apart), free + used (+ reserved, contiguous) = total, every
   table has the frames its tokens need, a contiguous table's frames are consecutive within its
   chunk and no two chunks overlap; when the engine is idle, no table is left and every frame is free;
+  every table holds its sequence's own tokens only (no rejected guess, no guess slot left) and
+  every block the prefix cache names is a block of accepted tokens (also checked mid-step);
 - on every write of K and V (a wrapper around the attention implementation's write_kv): each
   slot lies in a mapped frame that no other table maps. The one exception allowed is a write
   that every table mapping the frame wants, token for token (a prompt prefilled once for all
   its forked samples, or a block that a same-step request found in the prefix cache);
 - at the end, every output equals the same request run alone with ample memory (same block
-  size and max_model_len; continuous, no prefix caching): token ids, text, finish_reason. An
-  aborted request's tokens and text are prefixes of the alone run's, per sample index.
+  size and max_model_len; continuous, no prefix caching, no speculation): token ids, text,
+  finish_reason (with speculation, greedy requests only: a sampled one draws other random
+  numbers, so its output obeys the rules below). An aborted request's tokens and text are
+  prefixes of the alone run's, per sample index.
   Outputs also obey rules of their own (length limits, no stop string in the text, greedy
   samples equal, cached tokens fewer than the prompt).
 
@@ -47,6 +52,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
+from minipaged.paging import block_hash
 
 SCALE = float(os.environ.get("MINIPAGED_FUZZ_SCALE", "1"))
 BASE_SEED = int(os.environ.get("MINIPAGED_FUZZ_SEED", "0"))
@@ -89,6 +95,8 @@ class Scenario:
     allocator: str = "paged"             # or "contiguous-max" / "-pow2" / "-oracle"
     chunked_prefill: bool = False
     max_num_batched_tokens: int = 0      # with chunked_prefill: the token budget of a step
+    speculative: str = ""                # "ngram" or "draft_layers": speculative decoding
+    num_speculative_tokens: int = 0
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -109,6 +117,11 @@ class Scenario:
                         "kinds": ("greedy", "sampled")}
         if sc.scheduler == "continuous" and more.random() < 0.35:
             changes |= {"chunked_prefill": True, "max_num_batched_tokens": pick((1, 2, 3, 5, 8, 16))}
+        spec = np.random.default_rng([BASE_SEED, seed, 5])  # another stream: the draws above stay
+        if sc.scheduler == "continuous" and "allocator" not in changes and spec.random() < 0.3:
+            changes |= {"speculative": ("ngram", "draft_layers")[int(spec.integers(2))],
+                        "num_speculative_tokens": int(spec.choice([1, 2, 3, 5])),
+                        "kinds": tuple(k for k in sc.kinds if k != "beam")}
         return replace(sc, **changes)
 
     def short(self) -> str:
@@ -151,6 +164,14 @@ NAMED = {
                                       kinds=("greedy", "sampled"), num_requests=8, abort_rate=0.05),
     "contiguous-pow2-tight": Scenario(0, allocator="contiguous-pow2", block_size=1, kinds=("greedy",),
                                       num_requests=8, abort_rate=0, stops=False),
+    "spec-ngram-tight-recompute": Scenario(0, block_size=2, kinds=("greedy", "samples"), speculative="ngram",
+                                           num_speculative_tokens=3, num_requests=8, abort_rate=0.05),
+    "spec-draft-swap-prefix-cache": Scenario(0, block_size=2, preemption_mode="swap", kinds=("greedy", "samples"),
+                                             speculative="draft_layers", num_speculative_tokens=2, num_requests=8),
+    "spec-chunked-tiny-blocks": Scenario(0, block_size=1, kinds=("greedy", "sampled", "samples"), chunked_prefill=True,
+                                         max_num_batched_tokens=8, speculative="ngram", num_speculative_tokens=5),
+    "spec-stops-aborts": Scenario(0, block_size=5, kinds=("greedy", "sampled"), abort_rate=0.1,
+                                  speculative="draft_layers", num_speculative_tokens=3, pool_slack=0.3),
 }
 NAMED_SEEDS = max(1, round(3 * SCALE))
 
@@ -271,6 +292,8 @@ class Stats:
     swapped_in: int = 0
     cached_tokens: int = 0
     shared_writes: int = 0           # allowed writes into a frame several tables want written
+    guessed: int = 0                 # speculative decoding: guesses checked
+    accepted: int = 0                # and accepted
     prompt_chunks: int = 0           # prefill rows that continue the previous step's prefill (chunked)
     finish_reasons: Counter = field(default_factory=Counter)
     kinds: Counter = field(default_factory=Counter)           # request kinds run
@@ -283,6 +306,7 @@ class Stats:
                 f"{self.copies} copy-on-write copies, swaps out/in {self.swapped_out}/{self.swapped_in}, "
                 f"{self.cached_tokens} cached tokens, {self.shared_writes} writes into frames shared by "
                 f"identical tables, {self.prompt_chunks} prompt chunks after the first, "
+                f"{self.accepted} of {self.guessed} guesses accepted, "
                 f"finish reasons {dict(self.finish_reasons)}, kinds {dict(self.kinds)}")
 
     def report(self, report) -> None:
@@ -292,6 +316,8 @@ class Stats:
         self.swapped_in += report.swapped_in
         self.cached_tokens += report.cached_tokens
         self.preempted.update(mode for _, mode in report.preempted)
+        self.guessed += report.guessed
+        self.accepted += report.accepted
 
 
 def failure_summary(stats: Stats, repro: str) -> str:
@@ -317,12 +343,16 @@ class Checker:
         self.engine, self.stats, self.label = engine, stats, label
         attention = engine.runner.attention
         attention.impl = WriteGuard(attention.impl, self)
+        self.accepted_blocks: set = set()  # (prev hash, block tokens) of every sequence's real tokens
+        self.hashed: dict = {}             # sequence -> (full blocks hashed so far, last hash)
 
     @property
     def blocks(self):
         return self.engine.blocks  # read each time: an engine may rebuild its block manager
 
-    def check(self, when: str) -> None:
+    def check(self, when: str, finished=()) -> None:
+        self.check_prefix_cache(when, finished)
+        self.check_tables_hold_real_tokens(when)
         blocks = self.blocks
         pools = (("device", blocks.device), ("host", blocks.host))
         counts = {name: np.zeros(pool.num_blocks, dtype=np.int64) for name, pool in pools}
@@ -365,6 +395,47 @@ class Checker:
         if not self.engine.has_unfinished_requests():
             self.check_idle(when)
 
+    def collect_accepted_blocks(self, finished=()) -> None:
+        """The blocks of tokens that really are some sequence's (prompts and outputs, never a
+        rejected guess): live sequences' tokens, and the outputs that just finished."""
+        size = self.blocks.block_size
+        token_lists = [(seq, seq.token_ids) for r in self.engine.requests.values() for seq in r.seqs]
+        token_lists += [(None, list(out.prompt_token_ids) + list(c.token_ids)) for out in finished for c in out.outputs]
+        for seq, tokens in token_lists:
+            done, prev = self.hashed.get(seq, (0, None)) if seq is not None else (0, None)
+            for i in range(done, len(tokens) // size):
+                block = tuple(tokens[i * size:(i + 1) * size])
+                self.accepted_blocks.add((prev, block))
+                prev = block_hash(prev, block)
+            if seq is not None:
+                self.hashed[seq] = (max(done, len(tokens) // size), prev)
+
+    def check_prefix_cache(self, when: str, finished=()) -> None:
+        """Every block the prefix cache names holds tokens some sequence really has."""
+        cache = getattr(self.blocks.device, "prefix_cache", None)
+        if cache is None:
+            return
+        self.collect_accepted_blocks(finished)
+        for frame, key in cache.key_of.items():
+            if key not in self.accepted_blocks:
+                raise FuzzFailure("cached-block-not-accepted", f"{when}: the prefix cache names frame {frame} "
+                                  f"as tokens {list(key[1])}, which no sequence holds (a rejected guess?)")
+
+    def check_tables_hold_real_tokens(self, when: str) -> None:
+        """Between steps a table holds no guess slot, and only its sequence's own tokens."""
+        blocks = self.blocks
+        for request in self.engine.requests.values():
+            for seq in request.seqs:
+                table = blocks.tables.get(seq.seq_id)
+                if table is None:
+                    continue
+                if getattr(table, "guesses", 0):
+                    raise FuzzFailure("guess-slots-left", f"{when}: sequence {seq.seq_id} keeps "
+                                      f"{table.guesses} guess slots after the step")
+                if table.token_ids != seq.token_ids[:len(table.token_ids)] or len(table.token_ids) < seq.num_computed:
+                    raise FuzzFailure("table-tokens", f"{when}: sequence {seq.seq_id}'s table holds "
+                                      f"{table.token_ids}, its tokens are {seq.token_ids} ({seq.num_computed} computed)")
+
     def check_idle(self, when: str) -> None:
         blocks = self.blocks
         if blocks.tables:
@@ -403,13 +474,16 @@ class WriteGuard:
     """The attention implementation with write_kv checked first; everything else forwarded."""
 
     def __init__(self, impl, checker: Checker):
-        self._impl, self._checker = impl, checker
+        self._impl, self._checker, self._step_slots = impl, checker, None
 
     def __getattr__(self, name):
         return getattr(self._impl, name)
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
         slots = slot_mapping.get() if hasattr(slot_mapping, "get") else slot_mapping
+        if slot_mapping is not self._step_slots:  # the first layer of a forward: guesses are in the tables
+            self._step_slots = slot_mapping
+            self._checker.check_prefix_cache("during a forward")
         self._checker.check_write(np.asarray(slots).astype(np.int64), int(k_cache.shape[1]))
         return self._impl.write_kv(k, v, k_cache, v_cache, slot_mapping)
 
@@ -495,8 +569,9 @@ def alone(llm, block_size: int, max_model_len: int, prompt: list[int], params: S
         engine.add_request("alone", {"prompt_token_ids": list(prompt)}, params)
         finished, steps = [], 0
         while engine.has_unfinished_requests():
-            finished += engine.step().finished
-            checker.check(f"alone run, step {steps}")
+            report = engine.step()
+            finished += report.finished
+            checker.check(f"alone run, step {steps}", report.finished)
             steps += 1
             if steps > 4 * longest + 20:
                 raise FuzzFailure("alone-run-never-ends", f"{steps} steps for {len(prompt)} + {params}")
@@ -513,7 +588,13 @@ def engine_options(sc: Scenario) -> dict:
     return {"block_size": sc.block_size, "max_model_len": sc.max_model_len, "scheduler": sc.scheduler,
             "preemption_mode": sc.preemption_mode, "enable_prefix_caching": sc.prefix_caching,
             "max_num_seqs": sc.max_num_seqs, "allocator": sc.allocator,
-            "enable_chunked_prefill": sc.chunked_prefill, "max_num_batched_tokens": sc.max_num_batched_tokens}
+            "enable_chunked_prefill": sc.chunked_prefill, "max_num_batched_tokens": sc.max_num_batched_tokens,
+            "speculative_config": SPECULATION[sc.speculative] | {"num_speculative_tokens": sc.num_speculative_tokens}
+            if sc.speculative else None}
+
+
+SPECULATION = {"ngram": {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+               "draft_layers": {"method": "draft_layers", "num_draft_layers": 1}}
 
 
 def accepts(llm, reqs: list[Req], options: dict, num_blocks: int) -> bool:
@@ -554,7 +635,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     stats.scenarios += 1
     stats.options.update([f"block_size={sc.block_size}", sc.scheduler, sc.preemption_mode,
                           f"prefix_caching={sc.prefix_caching}", sc.allocator,
-                          f"chunked_prefill={sc.chunked_prefill}"])
+                          f"chunked_prefill={sc.chunked_prefill}", f"speculative={sc.speculative}"])
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
@@ -605,7 +686,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
                                   "which is not live (finished twice, aborted, or never added)")
             del state[out.request_id]
             outputs[out.request_id] = out
-        checker.check(f"after step {step}")
+        checker.check(f"after step {step}", report.finished)
         step += 1
         if step > budget:
             raise FuzzFailure("no-progress", f"{step} steps and requests {sorted(state)} still live")
@@ -620,7 +701,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
         check_output(out, r.prompt, r.params, max_model_len, sc.prefix_caching and sc.scheduler != "static",
                      rid in aborted, where)
         ref = alone(llm, sc.block_size, max_model_len, r.prompt, r.params, stats)
-        compare(out, ref, r.params, rid in aborted, where)
+        if r.params.greedy or not sc.speculative:  # speculation draws other random numbers
+            compare(out, ref, r.params, rid in aborted, where)
         stats.finish_reasons.update(c.finish_reason for c in out.outputs)
     return stats
 
@@ -656,6 +738,8 @@ def test_fuzz_engine(llm, capsys):
     assert stats.options["static"] and stats.kinds["beam"] and stats.kinds["samples"], stats.line()
     assert all(stats.options[f"contiguous-{r}"] for r in ("max", "pow2", "oracle")), stats.options
     assert stats.options["chunked_prefill=True"] and stats.prompt_chunks, stats.line()
+    assert stats.options["speculative=ngram"] and stats.options["speculative=draft_layers"], stats.options
+    assert 0 < stats.accepted < stats.guessed, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 
 
@@ -694,7 +778,7 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
                               "a loop waits for an output that will never come")
         report = original_step()
         stats.report(report)
-        checker.check(f"step {report.step}")
+        checker.check(f"step {report.step}", report.finished)
         return report
     engine.step = checked_step  # the engine instance only: every step is checked
 

@@ -12,7 +12,7 @@ import json
 import sys
 
 from minipaged.llm import CommandParser
-from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, throughput
+from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, speculative, throughput
 from minipaged.bench.common import OptionError
 
 DESCRIPTION = """\
@@ -49,8 +49,9 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
                 "frames saved by fork + copy-on-write: parallel sampling and beam search", "about 7 min"),
     "serve": (serve.bench_serve, serve.add_arguments,
               "the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency percentiles, "
-              "continuous vs static batching, and the in-process engine on the same requests",
-              "about 6 min"),
+              "continuous vs static batching, and the in-process engine on the same requests; --workload "
+              "room: participants' short-request latency beside a client flooding the server's defaults",
+              "about 6 min, 2 min for the room"),
     "fragmentation": (paper.bench_fragmentation, paper.fragmentation_arguments,
                       "the paper's Figure 2: KV slots holding tokens, reserved, internal and external "
                       "fragmentation, Orca's contiguous allocators vs paging (simulated, real scheduler)",
@@ -62,6 +63,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
                 "the paper's Figure 12 on the real engine: normalized latency against Poisson request "
                 "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: "
                 "the simulator beside it)", "about 6 min"),
+    "speculative": (speculative.bench_speculative, speculative.add_arguments,
+                    "speculative decoding (n-gram lookup, draft layers) vs plain decoding: acceptance, "
+                    "tokens per target forward, tokens/s, where lookup fits (rewriting) and where not (chat)",
+                    "about 4 min"),
     "calibrate": (latency.bench_calibrate, latency.calibrate_arguments,
                   "fit the simulator's cpu-smollm2 step-time model to timed engine steps", "about 1 min"),
 }

@@ -66,3 +66,39 @@ def simulate_memory(manager: BlockManager, requests: list[RequestSpec], max_num_
             "slots_per_request": total.allocated_slots / seq_steps,
             "peak_allocated_slots": max(usage.allocated_slots for usage in steps),
             "mean": {k: v / len(steps) for k, v in asdict(total).items()}, "steps": len(steps)}
+
+
+@dataclass(slots=True)
+class ChatTurn:
+    """One request of a multi-turn chat: the prompt is the conversation's system prompt, its
+    turns so far (questions and answers) and the new question; the answer is what it generates."""
+    conversation: int
+    prompt: list[int]
+    answer: list[int]
+
+
+def chat_trace(num_conversations: int = 32, turns: int = 4, num_system_prompts: int = 3,
+               system_len: int = 96, question_mean: int = 32, answer_mean: int = 64,
+               active: int = 6, vocab: int = 32000, seed: int = 0) -> list[ChatTurn]:
+    """A seeded multi-turn chat trace with shared system prompts (a few apps, the first most
+    popular): `active` conversations at a time take turns in random order, and when one ends
+    the next begins. Token ids are random, so two blocks are equal only when shared on purpose."""
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(1, vocab, system_len).tolist() for _ in range(num_system_prompts)]
+    popularity = 1 / np.arange(1, num_system_prompts + 1)  # Zipf: app 0 is the most used
+    history, left, started, trace = {}, {}, 0, []
+    while left or started < num_conversations:
+        while len(left) < active and started < num_conversations:
+            app = rng.choice(num_system_prompts, p=popularity / popularity.sum())
+            history[started], left[started] = list(systems[app]), turns
+            started += 1
+        c = int(rng.choice(sorted(left)))
+        question = rng.integers(1, vocab, int(rng.integers(question_mean // 2, 3 * question_mean // 2 + 1)))
+        answer = rng.integers(1, vocab, int(rng.integers(answer_mean // 2, 3 * answer_mean // 2 + 1)))
+        history[c] += question.tolist()
+        trace.append(ChatTurn(c, list(history[c]), answer.tolist()))
+        history[c] += answer.tolist()
+        left[c] -= 1
+        if not left[c]:
+            del left[c], history[c]
+    return trace

@@ -10,12 +10,12 @@ from minipaged.paging.choice import ALLOCATORS, make_block_manager
 from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
 from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory, num_blocks_for_memory
 from minipaged.paging.manager import BlockManager, FrameState, MemoryMoves, MemoryUsage, TableView
-from minipaged.paging.prefix_cache import PrefixCache, block_hash
+from minipaged.paging.prefix_cache import REPLACEMENT_POLICIES, PrefixCache, block_hash, make_policy
 from minipaged.paging.static import StaticBlockManager
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
     "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
     "FrameState", "TableView", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
-    "ContiguousBlockManager", "ALLOCATORS", "make_block_manager",
+    "ContiguousBlockManager", "ALLOCATORS", "make_block_manager", "REPLACEMENT_POLICIES", "make_policy",
 ]

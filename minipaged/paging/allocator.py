@@ -35,12 +35,12 @@ class BlockAllocator:
     memory is needed."""
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, prefix_cache_policy="lru"):
         self.num_blocks = check_size("num_blocks", num_blocks, minimum=0)
         self.block_size = check_size("block_size", block_size)
         self.free_frames: deque[int] = deque(range(self.num_blocks))
         self.ref_counts = np.zeros(self.num_blocks, dtype=np.int32)  # (num_blocks,)
-        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.prefix_cache = PrefixCache(prefix_cache_policy) if enable_prefix_caching else None
         self.num_allocated = 0  # frames handed out so far (for per-step reports)
         self.num_released = 0   # frames whose ref count fell to 0 so far
 
@@ -50,8 +50,8 @@ class BlockAllocator:
         return len(self.free_frames) + (len(self.prefix_cache.evictable) if self.prefix_cache else 0)
 
     def allocate(self) -> int:
-        """A frame with ref count 1: a never-cached free one first, else the least recently
-        used cached one (forgotten by the cache), else NoFreeFramesError."""
+        """A frame with ref count 1: a never-cached free one first, else a parked cached one
+        the cache's replacement policy gives up (LRU by default), else NoFreeFramesError."""
         if self.free_frames:
             frame = self.free_frames.popleft()
         elif self.prefix_cache and self.prefix_cache.evictable:

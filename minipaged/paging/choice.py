@@ -12,7 +12,8 @@ ALLOCATORS = ("paged",) + tuple(f"contiguous-{r}" for r in RESERVATIONS)
 
 
 def make_block_manager(allocator: str, scheduler: str, num_blocks: int, block_size: int, max_model_len: int,
-                       host_frames: int = 0, enable_prefix_caching: bool = False) -> BlockManager:
+                       host_frames: int = 0, enable_prefix_caching: bool = False,
+                       prefix_cache_policy="lru") -> BlockManager:
     """Paged memory; or Orca's contiguous chunks (first fit); or for static batching on paged
     memory the baseline before both: one region of max_model_len slots per sequence."""
     if allocator not in ALLOCATORS:
@@ -21,4 +22,4 @@ def make_block_manager(allocator: str, scheduler: str, num_blocks: int, block_si
         return ContiguousBlockManager(num_blocks, block_size, allocator.split("-")[1], max_model_len)
     if scheduler == "static":
         return StaticBlockManager(num_blocks * block_size, max_model_len)
-    return BlockManager(num_blocks, block_size, host_frames, enable_prefix_caching)
+    return BlockManager(num_blocks, block_size, host_frames, enable_prefix_caching, prefix_cache_policy)

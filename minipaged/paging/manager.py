@@ -66,15 +66,19 @@ class TableView:
     num_tokens: int
     swapped: bool          # out in the host pool (preempted by swap)
     ref_counts: list[int]  # per frame, in the pool the table lives in: > 1 is shared
+    guesses: int = 0       # of num_tokens, the last slots held for guessed tokens (speculative decoding)
 
 
 class BlockManager:
     """Page tables for all sequences. Frames are ints; a token's slot is frame * block_size + offset."""
     can_fork = True  # may sequences share frames (fork, copy-on-write)?
+    # vLLM's prefix_cache_queries / prefix_cache_hits: prompt tokens looked up, and found, each
+    # time a sequence is allocated with the prefix cache on (a recomputed one counts again)
+    prefix_cache_queries = prefix_cache_hits = 0
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_host_blocks: int = 0, enable_prefix_caching: bool = True):
-        self.device = BlockAllocator(num_blocks, block_size, enable_prefix_caching)
+                 num_host_blocks: int = 0, enable_prefix_caching: bool = True, prefix_cache_policy="lru"):
+        self.device = BlockAllocator(num_blocks, block_size, enable_prefix_caching, prefix_cache_policy)
         self.host = BlockAllocator(num_host_blocks, block_size)
         self.block_size = self.device.block_size
         self.tables: dict[SeqId, BlockTable] = {}
@@ -150,6 +154,9 @@ class BlockManager:
         for token_id in token_ids[len(hits) * self.block_size:]:
             table.append_slot(token_id)
         self.tables[seq_id] = table
+        if self.device.prefix_cache is not None:
+            self.prefix_cache_queries += len(token_ids)
+            self.prefix_cache_hits += len(hits) * self.block_size
         return len(hits) * self.block_size
 
     def can_append_slots(self, *seq_ids: SeqId) -> bool:
@@ -160,6 +167,37 @@ class BlockManager:
         """Place one new token: returns its slot, and the (src, dst) copy-on-write pair when its
         block was shared; apply the pair (KVCache.apply) before writing the token's K and V."""
         return self._device_table(seq_id).append_slot(token_id)
+
+    # ---- speculative decoding: slots for guesses, then rollback of the wrong ones -----------
+    def append_guess_slots(self, seq_id: SeqId, n: int) -> tuple[int, list[CowPair]]:
+        """Take slots for up to `n` guessed tokens after the sequence's tokens, while frames
+        are free (a guess never preempts anyone): how many it took, and the copy-on-write pairs
+        to apply first. Their blocks are not offered to the prefix cache; settle_guesses() ends them."""
+        table, cows = self._device_table(seq_id), []
+        for taken in range(n):
+            try:
+                _, cow = table.append_guess_slot()
+            except NoFreeFramesError:
+                return taken, cows
+            cows += [cow] if cow else []
+        return n, cows
+
+    def settle_guesses(self, seq_id: SeqId, accepted: Sequence[int]) -> None:
+        """The first len(accepted) guessed slots hold these accepted tokens; the rest are rolled
+        back (frames left empty are freed). Full blocks of accepted tokens are named only now."""
+        self._device_table(seq_id).settle_guesses(list(accepted))
+
+    def rollback(self, seq_id: SeqId, num_tokens: int) -> None:
+        """Keep the sequence's first `num_tokens` slots and drop the rest: frames left empty are
+        freed, and a cached block cut short is forgotten (its tail will be written again)."""
+        table = self._device_table(seq_id)
+        if not 0 <= num_tokens <= table.num_tokens:
+            raise ValueError(f"sequence {seq_id!r} holds {table.num_tokens} slots; cannot keep {num_tokens}")
+        table.truncate(num_tokens)
+
+    def num_guesses(self, seq_id: SeqId) -> int:
+        """Slots held for guessed tokens not settled yet (0 between steps)."""
+        return self._table(seq_id).guesses
 
     def fork(self, parent_id: SeqId, child_id: SeqId) -> None:
         """A child sequence sharing all of the parent's frames (parallel sampling, beams)."""
@@ -334,4 +372,5 @@ class BlockManager:
         """The page table of one sequence, with each frame's ref count."""
         table = self._table(seq_id)
         return TableView(seq_id, list(table.frames), table.num_tokens, swapped=self.is_swapped(seq_id),
-                         ref_counts=[table.allocator.ref_count(frame) for frame in table.frames])
+                         ref_counts=[table.allocator.ref_count(frame) for frame in table.frames],
+                         guesses=table.guesses)

@@ -128,7 +128,8 @@ class PageTableView:
     def _text(self, seq_id) -> str:
         view, size = self.manager.table_view(seq_id), self.manager.block_size
         where = " (swapped out: host frames)" if view.swapped else ""
-        lines = [f"page table of {seq_id!r}: {view.num_tokens} tokens in {len(view.frames)} blocks{where}"]
+        guessed = f", the last {view.guesses} guessed" if view.guesses else ""
+        lines = [f"page table of {seq_id!r}: {view.num_tokens} tokens{guessed} in {len(view.frames)} blocks{where}"]
         for i, (frame, refs) in enumerate(zip(view.frames, view.ref_counts)):
             filled = min(size, view.num_tokens - i * size)
             lines.append(f"  block {i:3d} -> frame {frame:4d}  {filled:3d}/{size}"
@@ -155,10 +156,14 @@ class PageTableView:
             y = frame_y - (k // 2 + 1) * row if k % 2 == 0 else frame_y + (k // 2 + 1) * row
             letter, color = styles[seq_id]
             boxes.append(_svg_label(y, f"{letter} {seq_id!r}"))
+            view = m.table_view(seq_id)
+            first_guess = view.num_tokens - view.guesses  # blocks from here on hold guesses: "?"
             for i, frame in enumerate(tables[seq_id]):
                 x = left + i * CELL
+                guessed = (i + 1) * m.block_size > first_guess and view.guesses > 0
                 lines.append(_svg_arrow(x, y, x_of[frame], frame_y, color))
-                boxes.append(_svg_cell(x, y, str(i), color, f"{seq_id!r} block {i} -> frame {frame}"))
+                boxes.append(_svg_cell(x, y, f"{i}?" if guessed else str(i), color,
+                                       f"{seq_id!r} block {i} -> frame {frame}" + (", holds guesses" if guessed else "")))
         for frame in frames:
             _, fill, tooltip = _frame_cell(states[frame], styles)
             if states[frame].owners and not set(states[frame].owners) & set(self.seq_ids):
@@ -167,7 +172,8 @@ class PageTableView:
         width = left + max([len(frames)] + [len(table) for table in tables.values()]) * CELL
         height = frame_y + CELL + (len(self.seq_ids) // 2) * row
         names = ", ".join(f"{styles[s][0]} = {s!r}" for s in self.seq_ids)
-        caption = f"page tables ({names}): numbered logical blocks, arrows to frames (numbered)"
+        guesses = " (? holds guesses)" if any(m.table_view(s).guesses for s in self.seq_ids) else ""
+        caption = f"page tables ({names}): numbered logical blocks{guesses}, arrows to frames (numbered)"
         return _framed(caption, width, height, lines + boxes)
 
     def _repr_html_(self) -> str:
