@@ -157,11 +157,12 @@ class LLMEngine:
             raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
                                "requests that can never fit are rejected by add_request)")
         self.runner.move(batch.moves)
-        finished, guessed, accepted = [], self.num_guessed, self.num_accepted
+        finished, guesses, guessed, accepted = [], [], self.num_guessed, self.num_accepted
         if batch.scheduled:
             self._guess(batch)
             logits = self.runner.run(self.runner.prepare(batch))     # (num_seqs + guesses, vocab)
-            finished = [self._finish(r) for r in self._sample_and_update(batch, logits)]
+            done, guesses = self._sample_and_update(batch, logits)
+            finished = [self._finish(r) for r in done]
         self.step_count += 1
         return StepReport(
             step=self.step_count - 1,
@@ -172,7 +173,7 @@ class LLMEngine:
             cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
             seconds=time.perf_counter() - start,
             padded=[(request.request_id, seq.index) for request, seq in batch.padding],
-            guessed=self.num_guessed - guessed, accepted=self.num_accepted - accepted)
+            guessed=self.num_guessed - guessed, accepted=self.num_accepted - accepted, guesses=guesses)
 
     # ---- inside a step -----------------------------------------------------------------------
     def _guess(self, batch: Batch) -> None:
@@ -184,9 +185,10 @@ class LLMEngine:
                 scheduled.guess(draft)
                 self.num_guessed += len(draft)
 
-    def _sample_and_update(self, batch: Batch, logits: np.ndarray) -> list[Request]:
+    def _sample_and_update(self, batch: Batch, logits: np.ndarray) -> tuple[list[Request], list]:
         """Pick each sampler's next token (or the next beams; or check guesses), decide which
-        text stops, and let the scheduler apply it all; returns the requests that finished."""
+        text stops, and let the scheduler apply it all; returns the requests that finished, and
+        per speculating row (request_id, seq index, guessed, kept) for the StepReport."""
         rows, beams, checked, at = [], {}, [], 0
         for scheduled in batch.scheduled:  # each row's logits: its last token's, then its guesses'
             block, at = logits[at:at + 1 + len(scheduled.draft)], at + 1 + len(scheduled.draft)
@@ -208,7 +210,8 @@ class LLMEngine:
         for request, seq in [(r, s) for r, s, _ in rows] + [(s.request, s.seq) for s, _ in checked]:
             # text that could still become a stop string waits
             seq.released = len(seq.text) if seq.finished else len(seq.text) - held_back(seq.text, request.params.stop)
-        return finished
+        guesses = [(s.request.request_id, s.seq.index, len(s.draft), len(accepted[s.seq])) for s, _ in checked]
+        return finished, guesses
 
     def _verify(self, checked: list[tuple[Scheduled, np.ndarray]], tokens: dict, stopped: set) -> dict:
         """Check each row's guesses against its logits (sampling.verify): the emitted tokens are

@@ -48,6 +48,8 @@ class StepReport:
     padded: list[tuple[str, int]] = field(default_factory=list)  # static batching: finished rows still computed
     guessed: int = 0                       # speculative decoding: guessed tokens checked this step
     accepted: int = 0                      # of those, the ones the model agreed with
+    guesses: list[tuple[str, int, int, int]] = field(default_factory=list)  # per row: (request_id,
+    #   seq index, guessed, kept); the guessed - kept slots were rolled back
 
     @property
     def padding(self) -> int:

@@ -156,6 +156,9 @@ def run(*args, timeout=60) -> subprocess.CompletedProcess:
      "python -m minipaged.chat: error: argument --top-p: 0 must be greater than 0"),
     (["minipaged.serve", "--port", "-1"],
      "python -m minipaged.serve: error: argument --port: -1 is below the smallest allowed value, 0"),
+    (["minipaged.serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+     "python -m minipaged.serve: error: argument --speculative-config: speculative_config needs "
+     "num_speculative_tokens, an integer from 1 to 16 (the tokens guessed per step), got 0"),
     (["minipaged.bench", "memory", "--max-model-len", "100"],     # found after parsing: the workload's
      "python -m minipaged.bench memory: error: --max-model-len 100 is shorter than the workload's "
      "longest request, 2000 tokens (prompt + output)"),

@@ -4,7 +4,8 @@ Each scenario is drawn from one seed: block size (1, 2, 5, 16), continuous or st
 preemption by recompute or swap, prefix caching on or off, paged or contiguous memory (Orca's
 max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requests only),
 chunked prefill with a budget of a few tokens per step, speculative decoding (n-gram or draft
-layers, k guesses; continuous and paged only, no beams: refused), max_model_len, a KV pool from the
+layers, k guesses; continuous and paged only, no beams: refused), the prefix cache's replacement
+policy (LRU, FIFO, CLOCK, random), the waiting queue's order (FCFS, SJF, aging), max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
@@ -97,6 +98,8 @@ class Scenario:
     max_num_batched_tokens: int = 0      # with chunked_prefill: the token budget of a step
     speculative: str = ""                # "ngram" or "draft_layers": speculative decoding
     num_speculative_tokens: int = 0
+    prefix_cache_policy: str = "lru"     # which parked cached frame is evicted first (issue 22)
+    scheduling_policy: str = "fcfs"      # the waiting queue's order: "sjf", "aging"
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -122,6 +125,10 @@ class Scenario:
             changes |= {"speculative": ("ngram", "draft_layers")[int(spec.integers(2))],
                         "num_speculative_tokens": int(spec.choice([1, 2, 3, 5])),
                         "kinds": tuple(k for k in sc.kinds if k != "beam")}
+        policies = np.random.default_rng([BASE_SEED, seed, 6])  # the old ideas' options, a stream of their own
+        pick = lambda options: options[int(policies.integers(len(options)))]
+        changes |= {"prefix_cache_policy": pick(("lru", "lru", "fifo", "clock", "random")),
+                    "scheduling_policy": pick(("fcfs", "fcfs", "sjf", "aging"))}
         return replace(sc, **changes)
 
     def short(self) -> str:
@@ -590,7 +597,8 @@ def engine_options(sc: Scenario) -> dict:
             "max_num_seqs": sc.max_num_seqs, "allocator": sc.allocator,
             "enable_chunked_prefill": sc.chunked_prefill, "max_num_batched_tokens": sc.max_num_batched_tokens,
             "speculative_config": SPECULATION[sc.speculative] | {"num_speculative_tokens": sc.num_speculative_tokens}
-            if sc.speculative else None}
+            if sc.speculative else None,
+            "prefix_cache_policy": sc.prefix_cache_policy, "scheduling_policy": sc.scheduling_policy}
 
 
 SPECULATION = {"ngram": {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
@@ -635,7 +643,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     stats.scenarios += 1
     stats.options.update([f"block_size={sc.block_size}", sc.scheduler, sc.preemption_mode,
                           f"prefix_caching={sc.prefix_caching}", sc.allocator,
-                          f"chunked_prefill={sc.chunked_prefill}", f"speculative={sc.speculative}"])
+                          f"chunked_prefill={sc.chunked_prefill}", f"speculative={sc.speculative}",
+                          f"prefix_cache_policy={sc.prefix_cache_policy}", f"scheduling_policy={sc.scheduling_policy}"])
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
@@ -739,6 +748,8 @@ def test_fuzz_engine(llm, capsys):
     assert all(stats.options[f"contiguous-{r}"] for r in ("max", "pow2", "oracle")), stats.options
     assert stats.options["chunked_prefill=True"] and stats.prompt_chunks, stats.line()
     assert stats.options["speculative=ngram"] and stats.options["speculative=draft_layers"], stats.options
+    assert all(stats.options[f"prefix_cache_policy={p}"] for p in ("lru", "fifo", "clock", "random")), stats.options
+    assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging")), stats.options
     assert 0 < stats.accepted < stats.guessed, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 

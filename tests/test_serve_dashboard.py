@@ -139,6 +139,31 @@ def test_dashboard_and_metrics_count_prefix_hits_before_anything_finishes(tiny_l
     assert f'minipaged:prefix_cache_queries_total{{model_name="tiny"}} {float(counters["prefix_cache_queries"])}' in text
 
 
+def test_the_dashboard_and_metrics_count_guesses_kept_and_rolled_back(tiny_llm):
+    """With speculative decoding, each step's timeline row lists each speculating row's guesses
+    and how many were kept, and the totals match the engine's own counts and vLLM's counters."""
+    engine = tiny_llm.new_engine(num_blocks=64, block_size=4, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    dashboard, metrics = Dashboard("tiny", interval=0), Metrics("tiny")
+    engine.add_request("a", {"prompt_token_ids": [5, 6, 7, 8] * 6}, SamplingParams(temperature=0, max_tokens=24))
+    engine.add_request("b", {"prompt_token_ids": [9, 10, 11] * 5}, SamplingParams(temperature=0, max_tokens=24))
+    guessed = kept = 0
+    while engine.has_unfinished_requests():
+        step = engine.step()
+        for watcher in (dashboard, metrics):
+            watcher.stepped(engine, step, idle=False)
+        row = dashboard.timeline[-1]
+        assert all(0 <= k <= g <= 3 and rid in "ab" for rid, _, g, k in row["guesses"]), row
+        assert sum(g for _, _, g, _ in row["guesses"]) == step.guessed
+        guessed, kept = guessed + step.guessed, kept + sum(k for *_, k in row["guesses"])
+    counters = dashboard.latest["counters"]
+    assert guessed > 0 and counters["guessed"] == guessed and counters["guesses_kept"] == kept
+    assert 0 < kept < guessed, "a random model over repeated prompts keeps some guesses, not all"
+    text = metrics.render().decode()
+    assert f'minipaged:spec_decode_num_draft_tokens_total{{model_name="tiny"}} {float(guessed)}' in text
+    assert f'minipaged:spec_decode_num_accepted_tokens_total{{model_name="tiny"}} {float(kept)}' in text
+
+
 def report(step: int, rows: int) -> StepReport:
     return StepReport(step=step, ran=[(f"r{i}", 0, "decode", 1) for i in range(rows)], frames_taken=0,
                       frames_freed=0, free_frames=0, copies=0, swapped_out=0, swapped_in=0, cached_tokens=0,
@@ -346,6 +371,26 @@ def test_dashboard_on_a_projector_during_a_preemption(tmp_path):
         idle = watch(page, lambda vs: vs[-1]["tokens"] == "0.0" and vs[-1]["chips"] == [], 70, True)
         assert idle[-1]["tokens"] == "0.0", f"tokens/s stayed at {idle[-1]['tokens']} with nothing running"
         check_long_rows_and_a_big_pool(page)
+        check_guess_marks(page)
+
+
+def check_guess_marks(page) -> None:
+    """Speculative decoding on the timeline: a row that guessed 3 tokens and kept 1 shows its
+    letter, one kept mark in its colour and two rolled-back marks; the counters say 33% kept."""
+    page.evaluate("""() => {
+      const id = "cmpl-7-ab-0", ran = [[id, 0, "decode", 4, 2, "C"], ["cmpl-8-ab-0", 0, "decode", 1, 3, "D"]];
+      const timeline = [{step: 200000, ms: 12.5, ran, preempted: [], padded: [], guesses: [[id, 0, 3, 1]]}];
+      draw({...last, timeline, counters: {...last.counters, guessed: 3, guesses_kept: 1}}); }""")
+    check_view(page.evaluate(LOOK), projector=True)
+    row = page.evaluate("""() => {
+      const r = document.querySelector('#timeline .tl-row[data-step="200000"]');
+      const colour = (sel) => [...r.querySelectorAll(sel)].map(e => [e.textContent, getComputedStyle(e).backgroundColor]);
+      return {slots: [...r.querySelectorAll('.slot')].map(e => e.className.replace('slot ', '') + ':' + e.textContent),
+              kept: colour('.guess-kept'), letter: colour('.slot.decode')[0],
+              counter: document.querySelector('.counter[data-name="guesses kept"] b')?.textContent}; }""")
+    assert row["slots"] == ["decode:C", "guess-kept:✓", "guess-rejected:✗", "guess-rejected:✗", "decode:D"], row
+    assert row["kept"][0][1] == row["letter"][1], "a kept guess is not drawn in its request's colour"
+    assert row["counter"] == "33%", row
 
 
 def check_long_rows_and_a_big_pool(page) -> None:

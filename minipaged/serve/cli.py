@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import re
 import socket
@@ -19,6 +20,7 @@ import uvicorn
 
 from minipaged.llm import CommandParser, number
 from minipaged.serve.api import Server, ServerConfig
+from minipaged.speculative import SpeculativeConfig
 
 EPILOG = """\
 examples:
@@ -85,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
              "with Retry-After, so that one laptop cannot fill the room's batch. A client is its address and "
              "the API key it sends. 4: a room of 20 sharing the default batch of 64 rows gets about 3 each, "
              "and 4 lets a participant send n=3, or a few streams, at once (0: no bound; default %(default)s)")
+    add("--speculative-config", type=speculative_config, default=None, metavar="JSON",
+        help="speculative decoding, as vLLM's option: e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+             "(methods: ngram, draft_layers); the dashboard's timeline marks each guess kept or rolled back")
     add("--dashboard-show-text", action="store_true",
         help="show prompts and answers on the dashboard (by default: ids and token counts only); "
              "with --api-key, only to the key")
@@ -96,7 +101,19 @@ def engine_options(args) -> dict:
     return {"block_size": args.block_size, "kv_cache_memory": args.kv_cache_memory,
             "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "preemption_mode": args.preemption_mode,
-            "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching}
+            "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching,
+            "speculative_config": args.speculative_config}
+
+
+def speculative_config(text: str) -> SpeculativeConfig:
+    """--speculative-config: a JSON object of vLLM's speculative_config fields, checked now."""
+    try:
+        return SpeculativeConfig.from_dict(json.loads(text))
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error.msg}): write e.g. "
+                                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'") from None
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def bind(host: str, port: int) -> socket.socket:

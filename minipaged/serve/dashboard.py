@@ -98,7 +98,7 @@ class Dashboard:
         self.busy_since: float | None = None                       # start of this busy spell (None: idle)
         self.styles = Styles()
         self.ending: list[str] = []  # finished since the last step: their colours go back after it
-        self.totals = {"steps": 0, "finished": 0, "preemptions": 0}
+        self.totals = {"steps": 0, "finished": 0, "preemptions": 0, "guessed": 0, "kept": 0}
         self.latest: dict | None = None  # replaced, never changed: readers on other threads are safe
         self.public: dict | None = None  # latest without prompts and answers
         self.version, self.published = 0, 0.0
@@ -127,6 +127,8 @@ class Dashboard:
     def _record(self, report, now: float) -> None:
         self.totals["steps"] += 1
         self.totals["preemptions"] += len(report.preempted)
+        self.totals["guessed"] += sum(guessed for *_, guessed, _ in report.guesses)
+        self.totals["kept"] += sum(kept for *_, kept in report.guesses)
         if self.busy_since is None:
             self.busy_since = now - report.seconds
         self.recent.append((now, len(report.ran)))  # each row of the batch sampled a token
@@ -135,7 +137,9 @@ class Dashboard:
         ran = [[rid, index, kind, n, *self.styles.of(rid)] for rid, index, kind, n in report.ran]
         self.timeline.append({"step": report.step, "ms": round(1000 * report.seconds, 1), "ran": ran,
                               "preempted": [rid for rid, _ in report.preempted],
-                              "padded": [rid for rid, _ in report.padded]})
+                              "padded": [rid for rid, _ in report.padded],
+                              # speculative decoding: per row, its guessed slots and how many were kept
+                              "guesses": [[rid, index, guessed, kept] for rid, index, guessed, kept in report.guesses]})
 
     def tokens_per_s(self, now: float) -> float:
         """Tokens sampled per second over the last WINDOW seconds of this busy spell; 0 when idle."""
@@ -173,6 +177,7 @@ class Dashboard:
                 "preemptions": self.totals["preemptions"], "finished": self.totals["finished"],
                 "prefix_cache_queries": queries, "prefix_cache_hits": hits,
                 "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
+                "guessed": self.totals["guessed"], "guesses_kept": self.totals["kept"],
             },
         }
 
