@@ -338,7 +338,7 @@ def test_dashboard_shows_shared_frames_and_a_growing_timeline(tmp_path):
     with serve_in_browser(tmp_path, dict(num_blocks=160, block_size=8, max_num_seqs=12), 12) as (browser, url, _):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(url + "/")
-        page.wait_for_selector("#frames .frame", timeout=15_000)
+        page.wait_for_selector("#frames .frame", timeout=60_000)  # a loaded CI machine is slow
         views = watch(page, lambda vs: max(v["multi"] for v in vs) > 0 and len({f["id"] for v in vs for f in v["frames"]}) >= 4
                       and vs[-1]["newest"] > vs[0]["newest"] + 5, 15, projector=False)
         assert max(v["multi"] for v in views) > 0, "no frame was ever drawn as mapped by two or more requests"
@@ -356,7 +356,7 @@ def test_dashboard_on_a_projector_during_a_preemption(tmp_path):
     with serve_in_browser(tmp_path, options, 8, max_tokens=(120, 200)) as (browser, url, stop):
         page = browser.new_page(viewport=PROJECTOR)
         page.goto(url + "/?projector=1")
-        page.wait_for_selector("#frames .frame", timeout=15_000)
+        page.wait_for_selector("#frames .frame", timeout=60_000)  # a loaded CI machine is slow
         views = watch(page, lambda vs: vs[-1]["swapped"] > 0 and vs[-1]["preempted"] > 0 and vs[-1]["multi"] > 0,
                       40, projector=True, hold=True)
         assert views[-1]["swapped"] > 0 and views[-1]["preempted"] > 0, "no preemption seen in 40 s"
@@ -429,7 +429,7 @@ def test_dashboard_of_static_batching_shows_padding_rows(tmp_path):
     with serve_in_browser(tmp_path, options, 6, max_tokens=(10, 120)) as (browser, url, _):
         page = browser.new_page(viewport=PROJECTOR)
         page.goto(url + "/?projector=1")
-        page.wait_for_selector("#frames .frame", timeout=15_000)
+        page.wait_for_selector("#frames .frame", timeout=60_000)  # a loaded CI machine is slow
         views = watch(page, lambda vs: vs[-1]["padding"] >= 6 and len(vs[-1]["frames"]) == 4, 25, projector=True, hold=True)
         assert views[-1]["padding"] >= 6, "no padding rows in the timeline of static batching"
         assert len(views[-1]["frames"]) == 4  # 640 slots: 4 regions of 160, each with its request's letter

@@ -150,10 +150,13 @@ class EngineLoop:
         if last:
             del self.streams[request_id]
             self.done += 1
+        def deliver() -> None:  # one callback: the handler never sees the last update with its slot held
+            stream.queue.put_nowait(update)
+            if last and stream.done is not None:
+                stream.done()
+
         try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, update)
-            if last and stream.done is not None:  # after the put: the handler sees its slot free
-                stream.loop.call_soon_threadsafe(stream.done)
+            stream.loop.call_soon_threadsafe(deliver)
         except RuntimeError:  # the server's event loop is closed: nobody is listening
             pass
 
