@@ -8,7 +8,8 @@
 #   make lab-check         every lab's check on the engine's own code (python -m minipaged.lab; see labs/)
 #   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
-#                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; ARGS="--json"
+#                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; and the
+#                          series: bench-speculative, -replacement, -thrashing, -scheduling, -drum; ARGS="--json"
 # To type the commands of the README and docs yourself: make setup, then source .venv/bin/activate
 PYTHON ?= python3
 VENV   := .venv
@@ -17,7 +18,8 @@ PY     := $(VENV)/bin/python
 # (make setup, chat, serve, bench-*), then the test tools on top (make test).
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
-BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate
+BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate \
+              speculative replacement thrashing scheduling drum
 
 .PHONY: setup chat serve browser clang test test-fast notebook notebooks lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 

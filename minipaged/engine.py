@@ -7,6 +7,7 @@ flat inputs -> the model computes logits -> the sampler (or beam search) picks t
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -34,7 +35,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 0     # 0: max(4096, max_model_len); 512 with chunked prefill
     enable_prefix_caching: bool = True
     prefix_cache_policy: str = "lru"    # which parked cached frame goes first: "fifo", "clock", "random"
-    scheduling_policy: str = "fcfs"     # waiting-queue order: "sjf" (shortest job first), "aging"
+    kv_offload_frames: int = 0          # the drum: host frames keeping evicted prefix-cache blocks; 0: off
+    kv_offload_path: str | None = None  # a file for those frames (numpy.memmap); None: host memory
+    scheduling_policy: str = "fcfs"     # waiting-queue order: "sjf" (shortest job first), "aging", "priority"
+    aging_rate: float = 8.0             # "aging": job-size tokens forgiven per step waited
+    admission: str = "greedy"           # or "working-set": admit while running sequences' growth fits too
+    admission_window: int = 16          # "working-set": steps of growth counted
     preemption_mode: str = "recompute"
     scheduler: str = "continuous"       # or "static": the pre-Orca baseline
     watermark: float = 0.01
@@ -51,6 +57,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         make_policy(self.prefix_cache_policy)  # a ValueError naming the policies, for a bad name
+        self._check_offload()
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
         if self.speculative_config is not None:
@@ -60,12 +67,28 @@ class EngineConfig:
                                  f"not {self.allocator!r}")
         self.scheduler_config(max_model_len=0)  # checks the scheduler's options now
 
+    def _check_offload(self) -> None:
+        """kv_offload_frames keeps the prefix cache's evicted blocks: it needs the cache, on paged memory."""
+        check_size("kv_offload_frames", self.kv_offload_frames, minimum=0)
+        if self.kv_offload_path is not None and not isinstance(self.kv_offload_path, (str, os.PathLike)):
+            raise ValueError(f"kv_offload_path must be a file path or None, got {self.kv_offload_path!r}")
+        if self.kv_offload_path is not None and not self.kv_offload_frames:
+            raise ValueError("kv_offload_path needs kv_offload_frames > 0: the file holds the tier's frames")
+        if self.kv_offload_frames and not self.enable_prefix_caching:
+            raise ValueError("kv_offload_frames keeps the prefix cache's evicted blocks: it needs "
+                             "enable_prefix_caching=True")
+        if self.kv_offload_frames and (self.allocator != "paged" or self.scheduler != "continuous"):
+            raise ValueError(f"kv_offload_frames needs allocator='paged' and scheduler='continuous' (their "
+                             f"prefix cache), not {self.allocator!r} and {self.scheduler!r}")
+
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         """The scheduler's options (max_model_len is the engine's, known once memory is sized)."""
         return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                                preemption_mode=self.preemption_mode, watermark=self.watermark,
                                max_model_len=max_model_len, policy=self.scheduler,
                                chunked_prefill=self.enable_chunked_prefill, scheduling_policy=self.scheduling_policy,
+                               aging_rate=self.aging_rate, admission=self.admission,
+                               admission_window=self.admission_window,
                                num_speculative_tokens=self.num_speculative_tokens)
 
     @property
@@ -89,9 +112,12 @@ class LLMEngine:
         self.blocks = make_block_manager(config.allocator, config.scheduler, num_blocks, config.block_size,
                                          min(max_model_len, num_blocks * config.block_size), host_frames,
                                          config.enable_prefix_caching, config.prefix_cache_policy)
+        if config.kv_offload_frames:
+            self.blocks.add_tier(config.kv_offload_frames)  # the drum behind the prefix cache
         self.max_model_len = min(max_model_len, self.blocks.num_frames * self.blocks.block_size)
         self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,  # the chosen
-                          self.blocks.block_size, self.blocks.num_host_frames, model.dtype, model.device)  # frames
+                          self.blocks.block_size, self.blocks.num_host_frames, model.dtype, model.device,  # frames
+                          self.blocks.num_tier_frames, config.kv_offload_path)
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.blocks)
         self.runner = ModelRunner(model, self.kv, self.blocks)
         self.proposer = self._make_proposer(config.speculative_config)
@@ -114,14 +140,20 @@ class LLMEngine:
         return DraftLayers(self.runner, draft_layers)
 
     # ---- the API --------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request: prompt is a string or {"prompt_token_ids": [...]}. A bad request
-        raises ValueError saying what was wrong, and nothing is queued."""
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0) -> None:
+        """Queue a request: prompt is a string or {"prompt_token_ids": [...]}; `priority` (vLLM's:
+        lower runs first) needs scheduling_policy="priority". A bad request raises ValueError
+        saying what was wrong, and nothing is queued."""
         params = SamplingParams() if params is None else params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be a whole number (lower runs first), got {priority!r}")
+        if priority and self.scheduler.config.scheduling_policy != "priority":
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (it is "
+                             f"{self.scheduler.config.scheduling_policy!r})")
         try:
             text, ids = self._check_request(prompt, params)
         except ValueError as error:
@@ -130,7 +162,7 @@ class LLMEngine:
                          detokenizer=IncrementalDetokenizer(self.tokenizer))
                 for i in range(1 if params.beam_width > 1 else params.n)]
         self.requests[request_id] = Request(request_id, text, list(ids), params, seqs)
-        self.scheduler.add(self.requests[request_id])
+        self.scheduler.add(self.requests[request_id], priority)
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Stop a request now and free its frames; its output so far, finish_reason "abort"."""
@@ -156,6 +188,7 @@ class LLMEngine:
         if not batch.scheduled and self.has_unfinished_requests():
             raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
                                "requests that can never fit are rejected by add_request)")
+        batch.moves.tier = self.blocks.take_tier_moves()  # the drum's stores and loads, in order
         self.runner.move(batch.moves)
         finished, guesses, guessed, accepted = [], [], self.num_guessed, self.num_accepted
         if batch.scheduled:

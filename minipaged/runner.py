@@ -84,8 +84,8 @@ class ModelRunner:
         self.attention = PagedAttention(kv_cache, impl, model.config.head_dim)
 
     def move(self, moves: MemoryMoves) -> None:
-        """Make a step's memory moves (swaps, then copy-on-write with the attention
-        implementation's copy_blocks kernel) before any of its K or V is written."""
+        """Make a step's memory moves (swaps and the tier's stores and loads, then copy-on-write
+        with the attention implementation's copy_blocks kernel) before any of its K or V is written."""
         self.kv.apply(moves, self.attention.impl.copy_blocks)
 
     def prepare(self, batch) -> StepInputs:

@@ -65,7 +65,9 @@ CONTINUOUS = BatchingPolicy("continuous", joins_running_batch=True, reserves_who
 STATIC = BatchingPolicy("static", joins_running_batch=False, reserves_whole_run=True,
                         keeps_finished_rows=True)
 POLICIES = {p.name: p for p in (CONTINUOUS, STATIC)}
-WAITING_ORDERS = ("fcfs", "sjf", "aging")  # first come first served; shortest job first; SJF with aging
+WAITING_ORDERS = ("fcfs", "sjf", "aging", "priority")  # first come first served; shortest job first; SJF
+# with aging; vLLM's `priority=` per request (lower first)
+ADMISSIONS = ("greedy", "working-set")  # admit while prompts fit; or while working sets (frames + growth) fit
 
 
 @dataclass(slots=True)
@@ -79,6 +81,8 @@ class SchedulerConfig:
     chunked_prefill: bool = False        # split prompts to fit max_num_batched_tokens per step
     scheduling_policy: str = "fcfs"      # waiting-queue order: "fcfs", "sjf" or "aging" (WAITING_ORDERS)
     aging_rate: float = 8.0              # "aging": job-size tokens forgiven per step waited
+    admission: str = "greedy"            # or "working-set": running sequences' growth is counted too (ADMISSIONS)
+    admission_window: int = 16           # "working-set": steps of growth counted (Denning's window)
     num_speculative_tokens: int = 0      # slots for guesses after each decode (speculative decoding)
 
     def __post_init__(self):
@@ -86,6 +90,9 @@ class SchedulerConfig:
             raise ValueError(f"scheduling_policy must be one of {WAITING_ORDERS}, got {self.scheduling_policy!r}")
         if not isinstance(self.aging_rate, (int, float)) or not self.aging_rate > 0:
             raise ValueError(f"aging_rate must be a number > 0 (tokens per step waited), got {self.aging_rate!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
+        check_size("admission_window", self.admission_window, minimum=1)
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.policy not in POLICIES:
@@ -121,7 +128,11 @@ class Scheduler:
     2. If nobody was preempted, swapped requests come back first, oldest first.
     3. If nobody is swapped out, waiting requests are admitted while their frames fit (keeping
        a small watermark of free frames so running sequences can grow), within `max_num_seqs`
-       sequences and `max_num_batched_tokens` tokens per step.
+       sequences and `max_num_batched_tokens` tokens per step. Which waiting request goes
+       next is `scheduling_policy`'s choice (`_next_waiting`). With `admission="working-set"`
+       a request is admitted only while every running sequence's *working set* fits too: its
+       frames now plus the frames it will take in the next `admission_window` steps (Denning's
+       load control, against thrashing: see `_growth`).
 
     Prefill and decode share a step: a newly admitted prompt joins the running decodes at once.
     With `chunked_prefill`, decodes go first and a prompt takes what is left of the token budget,
@@ -143,10 +154,12 @@ class Scheduler:
         self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
         self.steps = 0                    # schedule() calls so far: the clock waits are counted on
         self.arrived: dict[Request, int] = {}  # waiting request -> the step it arrived at
+        self.priorities: dict[Request, int] = {}  # "priority": request -> its priority (lower first)
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, priority: int = 0) -> None:
         self.waiting.append(request)
         self.arrived[request] = self.steps
+        self.priorities[request] = priority
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -214,6 +227,7 @@ class Scheduler:
                 queue.remove(request)
         self.prefilling.pop(request, None)
         self.arrived.pop(request, None)
+        self.priorities.pop(request, None)
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
@@ -281,7 +295,7 @@ class Scheduler:
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = next((r for r in reversed(queue) if r not in self.prefilling), request)
+                victim = self._victim(request, queue)
                 if victim is not request:
                     queue.remove(victim)
                 self._preempt(victim, batch)
@@ -289,6 +303,15 @@ class Scheduler:
                     break
             else:
                 self._schedule_decode(request, batch)
+
+    def _victim(self, request: Request, queue: deque[Request]) -> Request:
+        """Whom to preempt so that `request` can grow: the most recently admitted of those not
+        yet scheduled this step (never a part-computed prompt), or `request` itself; under
+        "priority", the least urgent of them (the largest priority value), latest admitted first."""
+        candidates = [request] + [r for r in queue if r not in self.prefilling]  # (in admission order)
+        if self.config.scheduling_policy != "priority":
+            return candidates[-1]
+        return max(reversed(candidates), key=lambda r: self.priorities.get(r, 0))  # max keeps the first of equals
 
     def _reserve_guesses(self, batch: Batch) -> None:
         """Speculative decoding: each decode gets slots for up to k guesses after its last
@@ -319,6 +342,8 @@ class Scheduler:
 
     def _admit(self, batch: Batch) -> None:
         budget, promised = self.blocks.num_free_frames, 0
+        if self.waiting and self._counts_growth():  # working sets: the running ones' growth is promised
+            promised = sum(self._growth(r) for r in self.running)
         while self.waiting:
             request = self._next_waiting()
             mapped = self._to_map(request)
@@ -329,23 +354,42 @@ class Scheduler:
                 return
             keep_free = 0 if alone or self.policy.reserves_whole_run else self.watermark_frames
             frames = self._frames_to_admit(request, mapped)
-            if promised + frames > budget - keep_free or not self.blocks.can_reserve(frames // len(mapped)):
+            growth = self._growth(request) if self._counts_growth() and not alone else 0
+            if promised + frames + growth > budget - keep_free or not self.blocks.can_reserve(frames // len(mapped)):
                 return
-            promised += frames
+            promised += frames + growth
             self.waiting.remove(request)
             self._allocate(request, mapped, batch)
             if self.prefilling:  # a part-computed prompt: nobody may hit its blocks yet
                 return
 
+    def _counts_growth(self) -> bool:
+        """Does admission count working sets? (A static batch reserves its whole run anyway.)"""
+        return self.config.admission == "working-set" and not self.policy.reserves_whole_run
+
+    def _growth(self, request: Request) -> int:
+        """The frames a request's sequences will take in the next `admission_window` steps: one
+        token a step each, up to its final length (prompt + max_tokens, what is known). Its
+        working set is its frames now plus these: every step's attention reads all its frames,
+        so none of them can be left out of memory. A contiguous chunk has its room reserved: 0."""
+        final = self._final_len(request)
+        length = max((len(s.token_ids) for s in request.live), default=final)
+        grown = min(length + self.config.admission_window, final)
+        return request.width * (self.blocks.frames_to_admit(grown, final) - self.blocks.frames_to_admit(length, final))
+
     def _next_waiting(self) -> Request:
         """The waiting request admission tries next (if it does not fit, nobody else is tried).
-        Requests preempted by recompute come first, in their order, whatever the policy; then
-        `fcfs` takes the oldest; `sjf` the smallest job (prompt + max_tokens tokens, what is known
-        before it runs); `aging` the smallest job after forgiving `aging_rate` tokens per step
-        waited. Aging bounds starvation: a job of S tokens waits only for requests that arrived
-        within (S - 1) / aging_rate steps after it. Ties go to the oldest."""
+        Under `priority` (vLLM's), the smallest `priority=` given to `add_request`, ties in queue
+        order (requests preempted by recompute first, then the oldest). Otherwise requests
+        preempted by recompute come first, in their order, whatever the policy; then `fcfs` takes
+        the oldest; `sjf` the smallest job (prompt + max_tokens tokens, what is known before it
+        runs); `aging` the smallest job after forgiving `aging_rate` tokens per step waited.
+        Aging bounds starvation: a job of S tokens waits only for requests that arrived fewer
+        than (S - 1) / aging_rate steps after it (and those before it). Ties go to the oldest."""
         policy = self.config.scheduling_policy
-        if policy == "fcfs" or self.waiting[0].seqs[0].output_ids:  # (a preempted one is at the front)
+        if policy == "priority":
+            return min(self.waiting, key=lambda r: self.priorities.get(r, 0))  # min keeps the first of equals
+        if policy == "fcfs" or any(s.output_ids for s in self.waiting[0].seqs):  # (preempted: at the front)
             return self.waiting[0]
         rate = self.config.aging_rate if policy == "aging" else 0.0
 
@@ -446,5 +490,5 @@ class Scheduler:
         return sum(r.width for r in self.running)
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES", "WAITING_ORDERS",
+__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES", "WAITING_ORDERS", "ADMISSIONS",
            "Sequence", "Request", "Batch", "Scheduled", "Status"]

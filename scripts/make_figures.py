@@ -140,6 +140,20 @@ def rolled_back() -> BlockManager:
     return manager
 
 
+# ---- 9. page replacement: hit rate against pool size, each policy beside MIN -------------------
+
+REPLACEMENT_RESULTS = FIGURES.parent.parent / "bench" / "results" / "2026-12-01-cpu-2core-numpy-replacement"
+
+
+def replacement_figures() -> dict:
+    """Note 9: the hit-rate-against-memory curve of `bench replacement` (from its committed JSON)."""
+    import json
+
+    from minipaged.bench.replacement import replacement_chart
+    result = json.loads((REPLACEMENT_RESULTS / "replacement.json").read_text())
+    return {"replacement_hit_rate.svg": replacement_chart(result)}
+
+
 def sampling_saving(requests, num_samples: int) -> float:
     """Parallel sampling, paging alone: each prompt allocated once and fork()ed into num_samples
     samples that then append their answers (all of the request's output length). 1 - frames in
@@ -250,6 +264,58 @@ def paper_figures() -> dict:
             "paper_latency_cpu.svg": latency_chart(json.loads(LATENCY_RESULTS.read_text()))}
 
 
+# ---- 10 and 11. thrashing and the working set; the order of the waiting queue --------------
+RESULTS = FIGURES.parent.parent / "bench" / "results"
+THRASHING_RESULTS = RESULTS / "2026-12-01-cpu-2core-numpy-thrashing" / "thrashing.json"
+SCHEDULING_RESULTS = RESULTS / "2026-12-01-cpu-2core-numpy-scheduling" / "scheduling.json"
+
+
+def thrashing_figures(llm: LLM) -> dict:
+    """Note 10: goodput against max_num_seqs at three KV sizes, simulated at paper scale and
+    measured on this CPU (from the committed JSON of `bench thrashing`); and eight requests on
+    SmolLM2 in 8 frames, greedy and working-set admission, as batch timelines."""
+    import json
+
+    from minipaged.bench.thrashing import thrashing_chart
+    result = json.loads(THRASHING_RESULTS.read_text())
+    requests = random_requests(8, (8, 32), (16, 40), seed=1)
+    memory = dict(num_blocks=8, block_size=16, max_num_seqs=8, enable_prefix_caching=False)
+    return {"thrashing_goodput_simulated.svg": thrashing_chart(result, "simulated"),
+            "thrashing_preemptions_simulated.svg": thrashing_chart(result, "simulated", "recomputed_tokens"),
+            "thrashing_goodput_cpu.svg": thrashing_chart(result, "engine"),
+            "thrashing_timeline_greedy.svg": Timeline(serve(llm, requests, **memory)),
+            "thrashing_timeline_working_set.svg": Timeline(serve(llm, requests, admission="working-set", **memory))}
+
+
+def scheduling_figures() -> dict:
+    """Note 11: by waiting-queue order, the shortest quarter's median latency and the longest
+    wait, simulated at paper scale and measured on this CPU (the JSON of `bench scheduling`)."""
+    import json
+
+    from minipaged.bench.scheduling import scheduling_chart
+    result = json.loads(SCHEDULING_RESULTS.read_text())
+    return {"scheduling_short_simulated.svg": scheduling_chart(result, "simulated", "short_p50"),
+            "scheduling_wait_simulated.svg": scheduling_chart(result, "simulated", "max_wait"),
+            "scheduling_short_cpu.svg": scheduling_chart(result, "engine", "short_p50")}
+
+
+# ---- 12. the drum: a tier behind the KV pool --------------------------------------------------
+DRUM_RESULTS = FIGURES.parent.parent / "bench" / "results" / "2026-12-01-cpu-2core-numpy-drum" / "drum.json"
+
+
+def drum_figures() -> dict:
+    """Note 12: where the benchmark trace's returning prompts found their tokens (replayed
+    through block managers, no model), and the measured time to first token (the committed
+    JSON of `bench drum`)."""
+    import json
+
+    from minipaged.bench.drum import make_trace, sources_chart, ttft_chart
+    result = json.loads(DRUM_RESULTS.read_text())
+    trace = make_trace(result["conversations"], result["turns"], result["active"], seed=result["seed"])
+    return {"drum_sources.svg": sources_chart(trace, result["pool_frames"], result["tier_frames"]),
+            "drum_ttft_cpu.svg": ttft_chart(result)}
+
+
 def figures() -> dict:
     """File name -> picture, every figure of docs/."""
     requests = make_workload(1000)
@@ -268,10 +334,14 @@ def figures() -> dict:
             "sharing_savings.svg": sharing_savings(),
             "speculative_guesses.svg": PageTableView(guessing(), ["s"]),
             "speculative_rollback.svg": PageTableView(rolled_back(), ["s"]),
+            **replacement_figures(),
             **timelines(llm),
             "serving_frames.svg": serving_frames,
             "serving_frame_map.svg": serving_map,
-            **paper_figures()}
+            **paper_figures(),
+            **thrashing_figures(llm),
+            **scheduling_figures(),
+            **drum_figures()}
 
 
 def write_figures(out: Path = FIGURES) -> dict:

@@ -5,7 +5,8 @@ preemption by recompute or swap, prefix caching on or off, paged or contiguous m
 max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requests only),
 chunked prefill with a budget of a few tokens per step, speculative decoding (n-gram or draft
 layers, k guesses; continuous and paged only, no beams: refused), the prefix cache's replacement
-policy (LRU, FIFO, CLOCK, random), the waiting queue's order (FCFS, SJF, aging), max_model_len, a KV pool from the
+policy (LRU, FIFO, CLOCK, random), the drum behind it (a host tier of 1 to 32 frames), the waiting
+queue's order (FCFS, SJF, aging, priority), the working-set admission rule, max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
@@ -100,6 +101,9 @@ class Scenario:
     num_speculative_tokens: int = 0
     prefix_cache_policy: str = "lru"     # which parked cached frame is evicted first (issue 22)
     scheduling_policy: str = "fcfs"      # the waiting queue's order: "sjf", "aging"
+    kv_offload_frames: int = 0           # the drum: host frames behind the prefix cache (0: none)
+    admission: str = "greedy"            # or "working-set": admit while the running sequences' growth fits
+    admission_window: int = 16
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -128,7 +132,11 @@ class Scenario:
         policies = np.random.default_rng([BASE_SEED, seed, 6])  # the old ideas' options, a stream of their own
         pick = lambda options: options[int(policies.integers(len(options)))]
         changes |= {"prefix_cache_policy": pick(("lru", "lru", "fifo", "clock", "random")),
-                    "scheduling_policy": pick(("fcfs", "fcfs", "sjf", "aging"))}
+                    "scheduling_policy": pick(("fcfs", "fcfs", "sjf", "aging", "priority"))}
+        if sc.prefix_caching and sc.scheduler == "continuous" and "allocator" not in changes:
+            changes["kv_offload_frames"] = pick((0, 0, 1, 4, 32))  # 1 and 4: the tier evicts too
+        if policies.random() < 0.3:
+            changes |= {"admission": "working-set", "admission_window": pick((1, 4, 16, 256))}
         return replace(sc, **changes)
 
     def short(self) -> str:
@@ -302,6 +310,7 @@ class Stats:
     guessed: int = 0                 # speculative decoding: guesses checked
     accepted: int = 0                # and accepted
     prompt_chunks: int = 0           # prefill rows that continue the previous step's prefill (chunked)
+    tier_hits: int = 0               # prompt tokens copied back from the drum instead of recomputed
     finish_reasons: Counter = field(default_factory=Counter)
     kinds: Counter = field(default_factory=Counter)           # request kinds run
     options: Counter = field(default_factory=Counter)         # scenario options run
@@ -313,7 +322,7 @@ class Stats:
                 f"{self.copies} copy-on-write copies, swaps out/in {self.swapped_out}/{self.swapped_in}, "
                 f"{self.cached_tokens} cached tokens, {self.shared_writes} writes into frames shared by "
                 f"identical tables, {self.prompt_chunks} prompt chunks after the first, "
-                f"{self.accepted} of {self.guessed} guesses accepted, "
+                f"{self.accepted} of {self.guessed} guesses accepted, {self.tier_hits} tokens from the drum, "
                 f"finish reasons {dict(self.finish_reasons)}, kinds {dict(self.kinds)}")
 
     def report(self, report) -> None:
@@ -399,6 +408,10 @@ class Checker:
             if pool.num_free + used != pool.num_blocks:
                 raise FuzzFailure("free+used!=total", f"{when}: {name} pool: {pool.num_free} free + {used} "
                                   f"used (or reserved) != {pool.num_blocks} frames")
+        tier = getattr(blocks, "tier", None)
+        if tier is not None and tier.moves:
+            raise FuzzFailure("tier-moves-left", f"{when}: the drum's copies {tier.moves[:4]} were decided "
+                              "but no step took them")
         if not self.engine.has_unfinished_requests():
             self.check_idle(when)
 
@@ -598,7 +611,9 @@ def engine_options(sc: Scenario) -> dict:
             "enable_chunked_prefill": sc.chunked_prefill, "max_num_batched_tokens": sc.max_num_batched_tokens,
             "speculative_config": SPECULATION[sc.speculative] | {"num_speculative_tokens": sc.num_speculative_tokens}
             if sc.speculative else None,
-            "prefix_cache_policy": sc.prefix_cache_policy, "scheduling_policy": sc.scheduling_policy}
+            "prefix_cache_policy": sc.prefix_cache_policy, "scheduling_policy": sc.scheduling_policy,
+            "kv_offload_frames": sc.kv_offload_frames, "admission": sc.admission,
+            "admission_window": sc.admission_window}
 
 
 SPECULATION = {"ngram": {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
@@ -644,7 +659,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     stats.options.update([f"block_size={sc.block_size}", sc.scheduler, sc.preemption_mode,
                           f"prefix_caching={sc.prefix_caching}", sc.allocator,
                           f"chunked_prefill={sc.chunked_prefill}", f"speculative={sc.speculative}",
-                          f"prefix_cache_policy={sc.prefix_cache_policy}", f"scheduling_policy={sc.scheduling_policy}"])
+                          f"prefix_cache_policy={sc.prefix_cache_policy}", f"scheduling_policy={sc.scheduling_policy}",
+                          f"kv_offload={bool(sc.kv_offload_frames)}", f"admission={sc.admission}"])
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
@@ -655,7 +671,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     while pending or engine.has_unfinished_requests():
         while pending and (pending[0].arrival <= step or not engine.has_unfinished_requests()):
             r = pending.pop(0)
-            engine.add_request(r.rid, {"prompt_token_ids": list(r.prompt)}, r.params)
+            urgency = {"priority": int(r.rid[1:]) % 3} if sc.scheduling_policy == "priority" else {}
+            engine.add_request(r.rid, {"prompt_token_ids": list(r.prompt)}, r.params, **urgency)
             state[r.rid] = "waiting"
             stats.requests += 1
             stats.kinds[r.kind] += 1
@@ -700,6 +717,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
         if step > budget:
             raise FuzzFailure("no-progress", f"{step} steps and requests {sorted(state)} still live")
     checker.check_idle("at the end")
+    stats.tier_hits += getattr(engine.blocks, "tier_hits", 0)
     missing = set(by_id) - set(outputs)
     if missing:
         raise FuzzFailure("lost-request", f"no output for {sorted(missing)}")
@@ -749,7 +767,9 @@ def test_fuzz_engine(llm, capsys):
     assert stats.options["chunked_prefill=True"] and stats.prompt_chunks, stats.line()
     assert stats.options["speculative=ngram"] and stats.options["speculative=draft_layers"], stats.options
     assert all(stats.options[f"prefix_cache_policy={p}"] for p in ("lru", "fifo", "clock", "random")), stats.options
-    assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging")), stats.options
+    assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging", "priority")), stats.options
+    assert stats.options["admission=working-set"], stats.options
+    assert stats.options["kv_offload=True"] and stats.tier_hits, stats.line()
     assert 0 < stats.accepted < stats.guessed, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 

@@ -12,7 +12,10 @@ import json
 import sys
 
 from minipaged.llm import CommandParser
+from minipaged.bench import drum
+from minipaged.bench import replacement
 from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, speculative, throughput
+from minipaged.bench import scheduling, thrashing
 from minipaged.bench.common import OptionError
 
 DESCRIPTION = """\
@@ -67,6 +70,22 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
                     "speculative decoding (n-gram lookup, draft layers) vs plain decoding: acceptance, "
                     "tokens per target forward, tokens/s, where lookup fits (rewriting) and where not (chat)",
                     "about 4 min"),
+    "drum": (drum.bench_drum, drum.add_arguments,
+             "the drum: prefix-cache blocks the KV pool evicts kept in a tier of host frames "
+             "(kv_offload_frames) or a file: time to first token of returning chat turns, with and "
+             "without it, and the tier's hit rate", "about 3 min"),
+    "scheduling": (scheduling.bench_scheduling, scheduling.add_arguments,
+                   "the waiting queue's order (fcfs, sjf, aging, priority) when short and long requests mix: "
+                   "p50/p99 latency of the shortest and longest quarter, the longest wait; engine and simulator",
+                   "about 2 min"),
+    "thrashing": (thrashing.bench_thrashing, thrashing.add_arguments,
+                  "too many sequences in too little KV memory: goodput, preemptions and recomputed tokens "
+                  "against max_num_seqs, and working-set admission untuned; engine and simulator",
+                  "about 3 min"),
+    "replacement": (replacement.bench_replacement, replacement.add_arguments,
+                    "page replacement for the prefix cache: hit rate and prefill tokens saved against pool "
+                    "size on a multi-turn chat trace, LRU, FIFO, CLOCK and random beside Belady's MIN, and "
+                    "a search for FIFO's anomaly (no model: the block managers alone)", "about 30 s"),
     "calibrate": (latency.bench_calibrate, latency.calibrate_arguments,
                   "fit the simulator's cpu-smollm2 step-time model to timed engine steps", "about 1 min"),
 }

@@ -117,6 +117,9 @@ class Result:
     refusals: int = 0
     preemptions: int = 0
     swapped_frames: int = 0  # frames moved out and in
+    prompt_lens: list[int] = field(default_factory=list)  # per request, in the order of latencies
+    waits: list[float] = field(default_factory=list)      # seconds from arrival to its first prefill step
+    recomputed_tokens: int = 0  # prefill tokens of requests preempted by recompute, computed again
 
     @property
     def normalized_latency(self) -> float:
@@ -132,7 +135,8 @@ class Simulator:
     """One system serving one trace on a virtual clock."""
 
     def __init__(self, profile: Profile, system: str, block_size: int = 16, chunked_prefill: bool = False,
-                 max_num_batched_tokens: int = 0, preemption_mode: str = "recompute", measure_memory=False):
+                 max_num_batched_tokens: int = 0, preemption_mode: str = "recompute", measure_memory=False,
+                 scheduler_options: dict | None = None):
         allocator, policy = SYSTEMS[system]
         self.profile, self.measure_memory = profile, measure_memory
         self.contiguous = allocator.startswith("contiguous")  # one region per sequence: no per-frame hops
@@ -142,10 +146,12 @@ class Simulator:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=profile.max_num_seqs,
                                                    max_num_batched_tokens=max_num_batched_tokens,
                                                    preemption_mode=preemption_mode, max_model_len=profile.max_model_len,
-                                                   policy=policy, chunked_prefill=chunked_prefill), self.blocks)
+                                                   policy=policy, chunked_prefill=chunked_prefill,
+                                                   **(scheduler_options or {})), self.blocks)
         self.result = Result(system)
         self.params: dict[int, SamplingParams] = {}
         self.arrivals: dict[Request, float] = {}
+        self.started: dict[Request, float] = {}  # request -> clock at its first prefill step
         self.next_id = 0
 
     def run(self, trace: list[Arrival]) -> Result:
@@ -186,10 +192,16 @@ class Simulator:
         self.result.steps += 1
         self.result.preemptions += len(batch.preempted)
         self.result.swapped_frames += swapped
+        for s in batch.scheduled:
+            if s.kind == "prefill" and s.seq.output_ids:  # it had sampled before: a recompute
+                self.result.recomputed_tokens += s.num_new_tokens
+            self.started.setdefault(s.request, clock)
         tokens = {seq: 0 for s in batch.scheduled for seq in s.samplers}  # a dummy token each
         for request in self.scheduler.update(batch, tokens):
-            self.result.latencies.append(clock + seconds - self.arrivals.pop(request))
+            self.result.latencies.append(clock + seconds - self.arrivals[request])
+            self.result.waits.append(self.started.pop(request) - self.arrivals.pop(request))
             self.result.output_lens.append(request.params.max_tokens)
+            self.result.prompt_lens.append(len(request.prompt_token_ids))
         return seconds
 
     def _context(self, batch: Batch) -> tuple[int, int]:

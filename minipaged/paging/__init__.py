@@ -12,10 +12,12 @@ from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, defa
 from minipaged.paging.manager import BlockManager, FrameState, MemoryMoves, MemoryUsage, TableView
 from minipaged.paging.prefix_cache import REPLACEMENT_POLICIES, PrefixCache, block_hash, make_policy
 from minipaged.paging.static import StaticBlockManager
+from minipaged.paging.tier import Drum, TierMove
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
     "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
     "FrameState", "TableView", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
     "ContiguousBlockManager", "ALLOCATORS", "make_block_manager", "REPLACEMENT_POLICIES", "make_policy",
+    "Drum", "TierMove",
 ]

@@ -1,7 +1,8 @@
 """KV storage: per layer, K and V arrays [num_blocks, block_size, num_kv_heads, head_dim].
 
 The block manager decides where tokens go; before each forward step this module moves whole
-frames (the step's MemoryMoves: swaps and copy-on-write), and the attention layers read it.
+frames (the step's MemoryMoves: swaps, the tier's stores and loads, copy-on-write), and the
+attention layers read it.
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ class KVCache:
     """K and V of every frame, every layer: k[layer] and v[layer] are [num_blocks, block_size,
     num_kv_heads, head_dim] views; frame f, offset o is slot f * block_size + o. One allocation
     holds them all, (2, num_layers, num_blocks, ...) on the caller's device, plus a host (NumPy)
-    pool of the same shape for swapped-out frames. New tokens' K and V are written into their
-    slots by the attention layer (`write_kv` of minipaged.attention), not here."""
+    pool of the same shape for swapped-out frames, and one for the tier behind the prefix cache
+    (`num_tier_blocks`; in a file through numpy.memmap when `tier_path` is given). New tokens'
+    K and V are written into their slots by the attention layer (`write_kv` of
+    minipaged.attention), not here."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_host_blocks: int = 0,
-                 dtype=None, device: str | None = None):
+                 dtype=None, device: str | None = None, num_tier_blocks: int = 0, tier_path=None):
         self.device = resolve_device(device)
         self.xp = get_xp(self.device)
         self.dtype = np.dtype(dtype or default_dtype(self.device))
@@ -72,6 +75,8 @@ class KVCache:
         # (K/V, layers, num_blocks, block_size, kv_heads, head_dim) on the device, the same in host memory
         self.data = self.xp.zeros((2, layers, num_blocks, *frame), dtype=self.dtype)
         self.host = np.zeros((2, layers, num_host_blocks, *frame), dtype=self.dtype)
+        self.tier = make_tier((2, layers, check_size("num_tier_blocks", num_tier_blocks, minimum=0), *frame),
+                              self.dtype, tier_path)
 
     @classmethod
     def for_memory(cls, kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -100,10 +105,12 @@ class KVCache:
         return self.data.shape[3]
 
     def apply(self, moves, copy_blocks) -> None:
-        """Make one step's MemoryMoves before its forward pass, in their order: swap out, swap
-        in, then copy-on-write with `copy_blocks(k_cache, v_cache, pairs)` of the attention
-        implementation, layer by layer (on a GPU, the copy_blocks kernel of cuda/cache_ops.cu)."""
+        """Make one step's MemoryMoves before its forward pass, in their order: swap out, the
+        tier's stores and loads, swap in, then copy-on-write with `copy_blocks(k_cache, v_cache,
+        pairs)` of the attention implementation, layer by layer (on a GPU, the copy_blocks
+        kernel of cuda/cache_ops.cu)."""
         self.swap_out(moves.swap_out)
+        self.move_tier(moves.tier)
         self.swap_in(moves.swap_in)
         if moves.copies:
             pairs = self.xp.asarray(moves.copies, dtype=self.xp.int32)  # (num_copies, 2)
@@ -121,3 +128,37 @@ class KVCache:
         if pairs:
             host_frames, device_frames = map(list, zip(*pairs))
             self.data[:, :, device_frames] = self.xp.asarray(self.host[:, :, host_frames])
+
+    def move_tier(self, moves) -> None:
+        """Make the tier's moves in their order (BlockManager.take_tier_moves): ("store", device
+        frame, tier frame) copies out, ("load", tier frame, device frame) copies back. A run of
+        one kind into distinct frames is one copy."""
+        for kind, sources, targets in tier_runs(moves):
+            if kind == "store":
+                self.tier[:, :, targets] = to_numpy(self.data[:, :, sources])
+            else:
+                self.data[:, :, targets] = self.xp.asarray(self.tier[:, :, sources])
+
+
+def make_tier(shape: tuple, dtype, path=None) -> np.ndarray:
+    """The tier's K and V (K/V, layers, num_tier_blocks, block_size, kv_heads, head_dim): in host
+    memory, or in the file at `path` (numpy.memmap, made anew), the drum behind the pool."""
+    if path is None or not shape[2]:
+        if path is not None:
+            raise ValueError(f"kv_offload_path={str(path)!r} needs kv_offload_frames > 0: the file holds "
+                             "the tier's frames")
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+
+
+def tier_runs(moves) -> list[tuple[str, list[int], list[int]]]:
+    """The moves, in order, cut into runs of one kind whose targets differ: (kind, sources,
+    targets). A run reads nothing it writes, so it can be one copy; a frame written twice in a
+    step starts a new run, so the second write lands after what read the first."""
+    runs: list[tuple[str, list[int], list[int]]] = []
+    for kind, source, target in moves:
+        if not runs or runs[-1][0] != kind or target in runs[-1][2]:
+            runs.append((kind, [], []))
+        runs[-1][1].append(source)
+        runs[-1][2].append(target)
+    return runs

@@ -15,6 +15,7 @@ import numpy as np
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFreeFramesError, cdiv, check_size
 from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.prefix_cache import block_hash
+from minipaged.paging.tier import Drum, TierMove
 
 SeqId = Hashable
 
@@ -23,8 +24,11 @@ SeqId = Hashable
 class MemoryMoves:
     """The frame copies one step needs before its forward pass (KVCache.apply makes them, in
     this order): swap_out first, since swap_in and copy-on-write may reuse the device frames it
-    leaves; then swap_in; then the copies, whose source may have just come back in."""
+    leaves; then the tier's stores and loads in the order they were decided (an evicted frame
+    is read before a load or a swap-in writes it, a tier frame is read before a store reuses it);
+    then swap_in; then the copies, whose source may have just come back in."""
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device frame, host frame)
+    tier: list[TierMove] = field(default_factory=list)             # ("store"/"load", src, dst)
     swap_in: list[tuple[int, int]] = field(default_factory=list)   # (host frame, device frame)
     copies: list[CowPair] = field(default_factory=list)            # copy-on-write (src, dst)
 
@@ -75,6 +79,9 @@ class BlockManager:
     # vLLM's prefix_cache_queries / prefix_cache_hits: prompt tokens looked up, and found, each
     # time a sequence is allocated with the prefix cache on (a recomputed one counts again)
     prefix_cache_queries = prefix_cache_hits = 0
+    # with a tier (add_tier): prompt tokens the pool did not hold, and of those, tokens loaded from the tier
+    tier: Drum | None = None
+    tier_queries = tier_hits = 0
 
     def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  num_host_blocks: int = 0, enable_prefix_caching: bool = True, prefix_cache_policy="lru"):
@@ -142,22 +149,32 @@ class BlockManager:
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError(f"sequence {seq_id!r} has no tokens: a prompt needs at least one")
-        hits = self._cached_prefix(token_ids)
+        found = self._cached_prefix(token_ids)  # per cached block: (pool frame, None) or (None, tier frame)
+        hits = [frame for frame, _ in found if frame is not None]
         revived = sum(self.device.ref_counts[frame] == 0 for frame in hits)  # leave the free count
         needed = self.frames_for(len(token_ids)) - len(hits)
         if needed + revived > self.num_free_frames:
             raise NoFreeFramesError(f"sequence {seq_id!r} needs {needed} new frames "
                                     f"but {self.num_free_frames - revived} are free")
-        table = BlockTable(self.device)
-        for i, frame in enumerate(hits):  # hits first, so allocating cannot evict them
-            table.append_cached_block(frame, token_ids[i * self.block_size:(i + 1) * self.block_size])
-        for token_id in token_ids[len(hits) * self.block_size:]:
+        table, loads = BlockTable(self.device), [t for _, t in found if t is not None]
+        self._pin(hits, loads)  # pinned first, so allocating cannot evict them (nor store over a load)
+        for i, (frame, tier_frame) in enumerate(found):
+            block = token_ids[i * self.block_size:(i + 1) * self.block_size]
+            if frame is not None:
+                table.append_cached_block(frame, block)
+            else:
+                self._load_block(table, tier_frame, block)
+        self._unpin(hits)
+        for token_id in token_ids[len(found) * self.block_size:]:
             table.append_slot(token_id)
         self.tables[seq_id] = table
         if self.device.prefix_cache is not None:
             self.prefix_cache_queries += len(token_ids)
             self.prefix_cache_hits += len(hits) * self.block_size
-        return len(hits) * self.block_size
+        if self.tier is not None:
+            self.tier_queries += len(token_ids) - len(hits) * self.block_size
+            self.tier_hits += len(loads) * self.block_size
+        return len(found) * self.block_size
 
     def can_append_slots(self, *seq_ids: SeqId) -> bool:
         """Would one more token for each of these sequences fit now (appended in this order)?"""
@@ -281,23 +298,68 @@ class BlockManager:
         `token_ids`, in logical order: the page table a sequence of these tokens would get
         for free, even after every sequence that wrote those frames was freed. Looks only:
         no ref count and no LRU position changes."""
-        cache, frames, prev = self.device.prefix_cache, [], None
+        return [frame for frame, _ in self._cached_blocks(list(token_ids), None)]
+
+    def _cached_blocks(self, token_ids: list[int], tier: Drum | None) -> list[tuple[int | None, int | None]]:
+        """The longest run of full blocks starting `token_ids` that the pool or `tier` holds:
+        per block (pool frame, None), or (None, tier frame) when only the tier has it. Looks only."""
+        cache, found, prev = self.device.prefix_cache, [], None
         if cache is None:
-            return frames
-        token_ids = list(token_ids)
+            return found
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             block = token_ids[start:start + self.block_size]
             frame = cache.lookup(prev, block)
-            if frame is None:
+            tier_frame = tier.lookup(prev, block) if frame is None and tier is not None else None
+            if frame is None and tier_frame is None:
                 break
-            frames.append(frame)
+            found.append((frame, tier_frame))
             prev = block_hash(prev, block)
-        return frames
+        return found
 
-    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """cached_frames() within the prompt's first len - 1 tokens (the last token is always
-        computed: the model needs its logits)."""
-        return self.cached_frames(token_ids[:-1])
+    def _cached_prefix(self, token_ids: list[int]) -> list[tuple[int | None, int | None]]:
+        """_cached_blocks() of the pool and the tier within the prompt's first len - 1 tokens
+        (the last token is always computed: the model needs its logits)."""
+        return self._cached_blocks(token_ids[:-1], self.tier)
+
+    # ---- the tier behind the pool (the drum) ---------------------------------------------------
+    def add_tier(self, num_frames: int) -> None:
+        """Put a tier of `num_frames` frames behind the prefix cache: a block the pool evicts
+        is copied there, and a prompt that finds it there gets it copied back, not recomputed.
+        KVCache needs as many tier frames (its num_tier_blocks)."""
+        if self.device.prefix_cache is None:
+            raise ValueError("a tier keeps the prefix cache's evicted blocks: it needs enable_prefix_caching=True")
+        self.tier = self.device.prefix_cache.tier = Drum(num_frames)
+
+    @property
+    def num_tier_frames(self) -> int:
+        """Frames in the tier behind the pool (0 without one)."""
+        return self.tier.num_frames if self.tier is not None else 0
+
+    def take_tier_moves(self) -> list[TierMove]:
+        """The tier's stores and loads decided since the last call, in order, for the next
+        step's MemoryMoves.tier (none without a tier)."""
+        return self.tier.take_moves() if self.tier is not None else []
+
+    def _load_block(self, table: BlockTable, tier_frame: int, block: list[int]) -> None:
+        """Map a block found in the tier: a new frame (taken at its first token, named at its
+        last, as a computed block is), its K and V to be loaded from `tier_frame`."""
+        for token_id in block:
+            table.append_slot(token_id)
+        self.tier.load(tier_frame, table.frames[-1])
+
+    def _pin(self, frames: list[int], tier_frames: list[int]) -> None:
+        """Hold a prompt's hits while its new frames are taken: pool frames by one more
+        reference, tier frames against being stored over before they are loaded."""
+        for frame in frames:
+            self.device.incref(frame)
+        if self.tier is not None:
+            self.tier.pinned = set(tier_frames)
+
+    def _unpin(self, frames: list[int]) -> None:
+        for frame in frames:
+            self.device.free(frame)
+        if self.tier is not None:
+            self.tier.pinned = set()
 
     def _move(self, seq_ids, src: BlockAllocator, dst: BlockAllocator) -> list[tuple[int, int]]:
         """Copy-by-bookkeeping of whole tables from one pool to the other; returns (src, dst) frames."""

@@ -127,6 +127,7 @@ class PrefixCache:
         self.key_of: dict[int, tuple] = {}                # frame -> (prev_hash, token ids)
         self.evictable: OrderedDict[int, None] = OrderedDict()  # frames with ref count 0, LRU first
         self.policy = make_policy(policy)
+        self.tier = None  # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
         """The frame holding this block, or None. The token ids are compared too, so a hash
@@ -169,9 +170,12 @@ class PrefixCache:
 
     def evict(self) -> int:
         """Forget the parked frame the policy chooses (LRU: the least recently used) and
-        return it for reuse."""
+        return it for reuse; with a tier behind the cache, its block is copied there first."""
         frame = self.policy.victim(self.evictable)
         del self.evictable[frame]
-        del self.frame_of[block_hash(*self.key_of.pop(frame))]
+        key = self.key_of.pop(frame)
+        del self.frame_of[block_hash(*key)]
         self.policy.left(frame)
+        if self.tier is not None:
+            self.tier.store(frame, key)
         return frame
