@@ -365,3 +365,36 @@ def test_real_model_greedy_through_the_server_equals_generate(smollm2):
                                                 temperature=0, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected_chat
         assert "Paris" in expected_chat
+
+
+def test_an_aborted_request_stops_counting_as_unfinished_at_once(tiny_llm):
+    """The server's 503 ("full") counts unfinished requests: one whose abort was asked for (its
+    client left, or a sibling prompt was refused) holds no place, though the engine thread frees
+    it a little later; an abort that comes after the request finished changes nothing."""
+    from minipaged.serve.loop import EngineLoop
+
+    async def run():
+        loop = EngineLoop(tiny_llm.new_engine(num_blocks=64, block_size=4))
+        updates = asyncio.Queue()
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        for rid in ("a", "b"):
+            loop.add_request(rid, "a page table", params, updates)
+        loop.abort("a")  # before the engine thread has even seen it
+        assert loop.num_unfinished == 1
+        loop.start()
+        try:
+            finished = set()
+            while finished != {"a", "b"}:  # "a" ends aborted, "b" answered
+                update = await asyncio.wait_for(updates.get(), timeout=30)
+                if update.output is not None:
+                    finished.add(update.request_id)
+            assert loop.num_unfinished == 0
+            loop.abort("b")  # too late: it had finished
+            deadline = time.monotonic() + 10
+            while loop.aborting and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert loop.num_unfinished == 0 and not loop.aborting
+        finally:
+            loop.stop()
+
+    asyncio.run(run())

@@ -50,6 +50,7 @@ class EngineLoop:
         self.inbox: queue.Queue = queue.Queue()
         self.streams: dict[str, Stream] = {}  # touched by the engine thread only
         self.accepted = self.done = 0         # requests in and out: each written by one thread
+        self.aborting: set[str] = set()       # aborts asked for, not yet done: they hold no place
         self.error: str | None = None         # set if a step failed: the loop has stopped
         self.thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
 
@@ -62,12 +63,15 @@ class EngineLoop:
                         Stream(asyncio.get_running_loop(), updates, time.perf_counter(), done=done)))
 
     def abort(self, request_id: str) -> None:
-        """Stop a request (its client left): its frames are freed at the loop's next turn."""
+        """Stop a request (its client left, or a sibling prompt was refused): its frames are
+        freed at the loop's next turn, and from now it no longer counts as unfinished."""
+        self.aborting.add(request_id)
         self.inbox.put(("abort", request_id))
 
     @property
     def num_unfinished(self) -> int:
-        return self.accepted - self.done
+        """Requests the engine holds or will: accepted, not done, and not being aborted."""
+        return self.accepted - self.done - len(self.aborting)
 
     def start(self) -> EngineLoop:
         self.thread.start()
@@ -105,6 +109,8 @@ class EngineLoop:
                 self._add(*message[1:])
             elif message[1] in self.streams and message[1] in self.engine.requests:
                 self._finish(self.engine.abort_request(message[1]))
+            else:  # it had finished (or been refused) before the abort came
+                self.aborting.discard(message[1])
 
     def _add(self, request_id: str, prompt, params, stream: Stream) -> None:
         self.streams[request_id] = stream
@@ -150,6 +156,7 @@ class EngineLoop:
         if last:
             del self.streams[request_id]
             self.done += 1
+            self.aborting.discard(request_id)
         def deliver() -> None:  # one callback: the handler never sees the last update with its slot held
             stream.queue.put_nowait(update)
             if last and stream.done is not None:
