@@ -269,7 +269,7 @@ def stats_text(session: Session) -> str:
         lines.append(f"  KV cache at its fullest: {u.allocated_slots // blocks.block_size} frames for "
                      f"{u.token_slots} tokens, utilization {u.utilization:.1%}")
     total, free = blocks.num_frames, blocks.num_free_frames
-    parked = sum(state.cached for state in blocks.frame_states())
+    parked = sum(state.cached for state in blocks.held_frame_states())
     lines.append(f"KV frames now: {total - free} used, {free} free of {total}, "
                  f"utilization {blocks.usage().utilization:.1%}")
     lines.append(f"  {parked} of the free frames keep prefix-cache blocks, reusable until needed")

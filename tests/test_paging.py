@@ -329,6 +329,8 @@ def test_a_freed_full_block_stays_cached_only_with_prefix_caching():
         assert all(s.free != s.cached for s in manager.frame_states()) and manager.seq_ids() == []
     manager.allocate("c", [0, 1, 2, 3, 99])         # (caching on) a hit on frame 0 takes it out of the cache
     assert owners_by_frame(manager)[:2] == [(0, ["c"], False, False), (1, [], True, False)]
+    assert manager.held_frame_states() == [s for s in manager.frame_states() if not s.free]
+    assert [s.frame for s in manager.held_frame_states()] == [0, 1, 3]  # c took a free frame for 99
 
 
 def test_a_swapped_out_table_lists_host_frames_and_their_ref_counts():
@@ -350,6 +352,7 @@ def test_the_baselines_views_show_their_reservations():
     contiguous.allocate("a", [5, 6, 7], final_len=6)  # a chunk of frames 0-5, three of them written
     assert [(s.owners, s.reserved) for s in contiguous.frame_states()] == \
         [(["a"], False)] * 3 + [([], True)] * 3 + [([], False)] * 2
+    assert contiguous.held_frame_states() == contiguous.frame_states()[:6]  # the chunk; 6 and 7 free
     assert contiguous.table_view("a").frames == [0, 1, 2] and contiguous.table_view("a").ref_counts == [1, 1, 1]
     static = StaticBlockManager(num_slots=3 * 8, max_model_len=8)
     static.allocate("a", range(3))

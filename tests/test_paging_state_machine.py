@@ -169,6 +169,10 @@ class PagingMachine(RuleBasedStateMachine):
             assert self.kv.k[:, frame, :, 0, 0].tolist() == [list(block)] * LAYERS
         assert all(self.manager.device.ref_counts[f] == 0 and f in cache.key_of for f in cache.evictable)
 
+    @invariant()
+    def the_held_frames_view_is_the_full_view_without_its_free_frames(self):
+        assert self.manager.held_frame_states() == [s for s in self.manager.frame_states() if not s.free]
+
 
 PagingMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 TestPaging = PagingMachine.TestCase

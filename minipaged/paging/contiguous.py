@@ -181,3 +181,11 @@ class ContiguousBlockManager(BlockManager):
             for frame in range(table.start + len(table.frames), table.start + table.size):
                 states[frame].reserved = True
         return states
+
+    def held_frame_states(self) -> list[FrameState]:
+        """BlockManager's, with the reserved frames of each chunk among them."""
+        states = {state.frame: state for state in super().held_frame_states()}
+        for table in self.tables.values():
+            for frame in range(table.start + len(table.frames), table.start + table.size):
+                states.setdefault(frame, FrameState(frame, [])).reserved = True
+        return [states[frame] for frame in sorted(states)]

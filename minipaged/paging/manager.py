@@ -425,6 +425,15 @@ class BlockManager:
                            cached=cache is not None and cache.is_parked(frame))
                 for frame in range(self.num_frames)]
 
+    def held_frame_states(self) -> list[FrameState]:
+        """frame_states() of the frames that are not free (mapped, or kept by the prefix cache),
+        in order: its cost grows with the frames in use, not with the pool, so a dashboard can
+        ask after every step of a pool of a hundred thousand frames."""
+        owners, cache = self.frame_owners(), self.device.prefix_cache
+        parked = set(cache.evictable) if cache is not None else set()
+        return [FrameState(frame, owners.get(frame, []), cached=frame in parked)
+                for frame in sorted(owners.keys() | parked)]
+
     def unshared_frames(self) -> int:
         """Frames the sequences would hold with private copies, none shared: what fork() and
         the prefix cache save is this minus the frames in use."""

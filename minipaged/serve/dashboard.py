@@ -118,7 +118,9 @@ class Dashboard:
             latest = self.snapshot(engine, now)
             self.public = without_text(latest) if self.show_text else latest
             self.latest = latest
-            self.version, self.published = self.version + 1, now
+            # the next snapshot waits `interval` after this one ends: however long a snapshot
+            # takes, the engine steps at least that long between two
+            self.version, self.published = self.version + 1, time.perf_counter()
 
     def finished(self, output, stream) -> None:
         self.totals["finished"] += 1
@@ -157,7 +159,7 @@ class Dashboard:
                    [(r, "padding") for r in padding]
         index_of = {seq.seq_id: i for i, (r, _) in enumerate(requests) for seq in r.seqs}
         frames: list = [None] * blocks.num_frames  # None: free
-        for state in blocks.frame_states():
+        for state in blocks.held_frame_states():  # the free ones stay None
             if state.owners:
                 owners = sorted({index_of[seq_id] for seq_id in state.owners if seq_id in index_of})
                 frames[state.frame] = [len(state.owners), *owners]  # [ref count, requests that map it]
