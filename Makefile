@@ -75,11 +75,15 @@ clang:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }; }; } || \
 	  echo "note: no clang++ (install Debian's clang package as root): the clang build test will be skipped"
 
+# The tests run in a process per core (pytest-xdist; at most 4), each costly module fixture in
+# one of them (--dist loadgroup and the xdist_group marks). JOBS=0 runs them in this one process.
+JOBS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(JOBS) --maxprocesses=4 --dist loadgroup
 test: $(TEST_STAMP) browser clang
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-fast: $(TEST_STAMP) browser clang
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 # --allow-root: workshop machines and containers often run as root
 notebook: $(VENV)/.installed-notebook

@@ -150,6 +150,9 @@ def pypi_unreachable() -> str:
     return ""
 
 
+pytestmark = pytest.mark.xdist_group("install")  # the module fixture below: built once, in one process
+
+
 @pytest.fixture(scope="module")
 def resolutions(tmp_path_factory):
     """Every (platform, set) resolved at once: pip mostly waits on the network."""

@@ -35,3 +35,23 @@ def test_missing_package_says_how_to_install(monkeypatch):
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path))
     assert offline_model.cache_dir() == tmp_path
+
+
+def test_two_conversions_at_once_keep_the_first_whole_folder(tmp_path):
+    """Two processes converting at once (parallel tests, two notebooks opened together): each
+    writes its own partial folder; the first renamed into place stays, the second is removed."""
+    from minipaged.model.offline import publish
+    folder = tmp_path / "model"
+    mine, theirs = tmp_path / "model.partial-1", tmp_path / "model.partial-2"
+    for partial, content in ((mine, b"first"), (theirs, b"second")):
+        partial.mkdir()
+        (partial / "model.safetensors").write_bytes(content)
+    assert publish(mine, folder) == folder and publish(theirs, folder) == folder
+    assert (folder / "model.safetensors").read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    broken = tmp_path / "model.partial-3"
+    broken.mkdir()
+    (broken / "x").write_bytes(b"")
+    (folder / "model.safetensors").rename(folder / "leftover")  # what is there is no finished conversion
+    with pytest.raises(OSError):
+        publish(broken, folder)

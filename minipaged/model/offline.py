@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +84,10 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
             weight = unpermute_rope(weight, heads)
         tensors[_hf_name(t.name)] = np.ascontiguousarray(weight)
 
-    partial = folder.with_name(folder.name + ".partial")
-    partial.mkdir(parents=True, exist_ok=True)
+    # a folder of this process's own: two converting at once (parallel tests, two notebooks
+    # opened together) never write into one
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
     tokenizer_json, tokenizer_config = _hf_tokenizer(reader, meta)
     files = {"config.json": config, "tokenizer_config.json": tokenizer_config,
              "generation_config.json": {"bos_token_id": config["bos_token_id"],
@@ -92,7 +96,18 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
         (partial / name).write_text(json.dumps(content, indent=2, ensure_ascii=False))
     (partial / "tokenizer.json").write_text(tokenizer_json)
     save_file(tensors, str(partial / "model.safetensors"))
-    partial.replace(folder)  # appears whole or not at all
+    return publish(partial, folder)
+
+
+def publish(partial: Path, folder: Path) -> Path:
+    """Rename a finished conversion into place: it appears whole or not at all. If another
+    process's conversion got there first, keep that one and remove ours."""
+    try:
+        partial.replace(folder)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (folder / "model.safetensors").exists():
+            raise
     return folder
 
 
