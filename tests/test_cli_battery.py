@@ -46,6 +46,7 @@ ZERO_IS_VALID = {  # (command, option) -> what zero means there
     ("serve", "--port"): "the system picks a free port",
     ("serve", "--max-waiting"): "no request queues beyond --max-num-seqs",
     ("serve", "--max-concurrent-per-client"): "no bound on one client's share",
+    ("serve", "--kv-offload-frames"): "no drum: evicted prefix blocks are dropped",
     **{(f"bench {name}", "--seed"): SEED for name in ("memory", "throughput", "sharing", "serve", "latency", "replacement")},
 }
 

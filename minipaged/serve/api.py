@@ -64,6 +64,7 @@ class Server:
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.config.max_num_seqs
         self.num_frames, self.block_size = engine.blocks.num_frames, engine.blocks.block_size
         self.vocab_size = engine.model.config.vocab_size  # for the schema: the engine checks token ids
+        self.scheduling_policy = engine.config.scheduling_policy  # a request's `priority` needs "priority"
         self.metrics = Metrics(config.model_name)
         self.dashboard = Dashboard(config.model_name, config.snapshot_interval, config.dashboard_show_text)
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
@@ -314,9 +315,13 @@ class Server:
         if self.loop.num_unfinished + len(prompts) > self.max_num_seqs + self.config.max_waiting:
             raise APIError(503, f"the server is full ({self.loop.num_unfinished} requests unfinished); "
                            "retry in a moment")
+        if body.priority and self.scheduling_policy != "priority":
+            raise APIError(400, f"priority={body.priority} needs a server started with --scheduling-policy "
+                           f"priority (this one orders its queue by {self.scheduling_policy!r})", "priority")
         done = self.slots.take(self._client(request), len(prompts), params.n)  # or a 400/429
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(self.ids)}-{secrets.token_hex(3)}"
-        run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params, done)
+        run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params, done,
+                  body.priority)
         await run.start()  # raises APIError if the engine refused a prompt
         kind = "chat.completion" if chat else "text_completion"
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
@@ -372,8 +377,9 @@ class Run:
     Whatever ends it early (a disconnect, a cancelled handler) aborts what is unfinished."""
 
     def __init__(self, loop: EngineLoop, request: Request, request_ids: list[str], prompts: list, params,
-                 done=None):
+                 done=None, priority: int = 0):
         self.loop, self.request, self.params, self.done = loop, request, params, done  # done: per engine request
+        self.priority = priority
         self.ids, self.prompts = request_ids, prompts
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.unfinished = set(request_ids)
@@ -386,7 +392,7 @@ class Run:
         (the others are aborted: nothing of a refused request stays in the engine)."""
         self.watcher = asyncio.create_task(self._watch_disconnect())
         for request_id, prompt in zip(self.ids, self.prompts):
-            self.loop.add_request(request_id, prompt, self.params, self.updates, self.done)
+            self.loop.add_request(request_id, prompt, self.params, self.updates, self.done, self.priority)
         waiting = set(self.ids)
         while waiting:
             update = await self.updates.get()

@@ -19,6 +19,8 @@ import time
 import uvicorn
 
 from minipaged.llm import CommandParser, number
+from minipaged.paging.prefix_cache import REPLACEMENT_POLICIES
+from minipaged.scheduler import ADMISSIONS, WAITING_ORDERS
 from minipaged.serve.api import Server, ServerConfig
 from minipaged.speculative import SpeculativeConfig
 
@@ -71,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--scheduler", default="continuous", choices=["continuous", "static"],
         help="static: the pre-Orca baseline, for a before/after demo")
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    # the series' old systems ideas (docs/09_replacement.md to docs/12_drum.md), each a choice of the engine
+    add("--prefix-cache-policy", default="lru", choices=sorted(REPLACEMENT_POLICIES),
+        help="which cached prefix block leaves first when the pool needs a frame (default %(default)s)")
+    add("--scheduling-policy", default="fcfs", choices=WAITING_ORDERS,
+        help="the waiting queue's order: first come first served, shortest job first, SJF with aging, "
+             "or each request's `priority` field, lower first (vLLM's --scheduling-policy priority) "
+             "(default %(default)s)")
+    add("--admission", default="greedy", choices=ADMISSIONS,
+        help="working-set: admit a request only while the running ones' growth fits too, "
+             "against thrashing (default %(default)s)")
+    add("--kv-offload-frames", type=number(int, 0), default=0,
+        help="the drum: host frames that keep the prefix cache's evicted blocks, copied back on a "
+             "hit (0: off; default %(default)s)")
     add("--max-waiting", type=number(int, 0), default=256,
         help="requests that may queue beyond --max-num-seqs; more get 503 (default %(default)s)")
     add("--default-max-tokens", type=number(int, 1), default=256,
@@ -102,7 +117,9 @@ def engine_options(args) -> dict:
             "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "preemption_mode": args.preemption_mode,
             "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching,
-            "speculative_config": args.speculative_config}
+            "speculative_config": args.speculative_config, "prefix_cache_policy": args.prefix_cache_policy,
+            "scheduling_policy": args.scheduling_policy, "admission": args.admission,
+            "kv_offload_frames": args.kv_offload_frames}
 
 
 def speculative_config(text: str) -> SpeculativeConfig:

@@ -55,12 +55,13 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
 
     # ---- called from the HTTP server's event loop -----------------------------------------
-    def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue, done=None) -> None:
+    def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue, done=None,
+                    priority: int = 0) -> None:
         """Queue a request; its Updates arrive in `updates` (one queue may serve several), and
         `done()` runs once the engine has let go of it (finished, aborted or refused)."""
         self.accepted += 1
         self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), done=done)))
+                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), done=done), priority))
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its client left, or a sibling prompt was refused): its frames are
@@ -112,10 +113,10 @@ class EngineLoop:
             else:  # it had finished (or been refused) before the abort came
                 self.aborting.discard(message[1])
 
-    def _add(self, request_id: str, prompt, params, stream: Stream) -> None:
+    def _add(self, request_id: str, prompt, params, stream: Stream, priority: int) -> None:
         self.streams[request_id] = stream
         try:
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, params, priority)
         except ValueError as error:  # nothing was queued: tell the handler why
             self._send(request_id, Update(request_id, error=str(error)))
             return

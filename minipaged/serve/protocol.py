@@ -79,6 +79,8 @@ class SamplingFields(Strict):
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | Literal[""] | None = None
     stop_token_ids: list[TokenId] | None = None  # vLLM's extension
     ignore_eos: bool = False                     # vLLM's extension
+    priority: Int(ge=-2**31, le=2**31 - 1) = Field(0, description="vLLM's extension: the request's place in "
+                                                   "the queue under --scheduling-policy priority, lower first")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
