@@ -62,6 +62,20 @@ def test_paging_sustains_a_higher_rate_than_contiguous_memory():
     assert rate["paged"] > rate["contiguous-oracle"] > rate["contiguous-max"] > 0
 
 
+def test_a_search_that_starts_from_a_curves_points_runs_less_and_lands_beside_the_full_one(monkeypatch):
+    from minipaged.bench import simulate
+    runs, real = [], simulate.simulate   # one entry per simulated run
+    monkeypatch.setattr(simulate, "simulate", lambda *args, **options: runs.append(1) or real(*args, **options))
+    curve = {p["rate"]: p["normalized_latency"]
+             for p in simulate.latency_curve("opt-13b-a100", "paged", [1, 2, 4, 8], 60)}
+    plain = simulate.max_sustainable_rate("opt-13b-a100", "paged", 0.021, 60)
+    full = len(runs) - len(curve)
+    started = simulate.max_sustainable_rate("opt-13b-a100", "paged", 0.021, 60, known=curve)
+    assert len(runs) - len(curve) - full < full, (full, len(runs) - len(curve) - full)
+    assert started == pytest.approx(plain, rel=0.05)
+    assert min(curve.values()) <= 0.021 < max(curve.values()), curve  # the threshold lies inside the curve
+
+
 def test_json_of_one_timed_run(capsys):
     command.main(["--trace", "alpaca", "--requests", "300", "--rate", "20", "--systems", "paged", "static", "--json"])
     result = json.loads(capsys.readouterr().out)

@@ -253,14 +253,26 @@ MIN_RATE = 1e-6     # req/s (one in 12 days): slower, arrival times outgrow what
 
 
 def max_sustainable_rate(profile: str | Profile, system: str, threshold: float, num_requests: int,
-                         trace: str = "sharegpt", seed: int = 0, **options) -> float:
+                         trace: str = "sharegpt", seed: int = 0, known: dict[float, float] | None = None,
+                         **options) -> float:
     """The highest request rate (req/s, to 2%) whose normalized latency stays under `threshold`;
     MAX_RATE when even the whole trace arriving at once stays under it (too short to saturate);
-    0.0 when not even MIN_RATE does (a threshold below what a request alone takes)."""
+    0.0 when not even MIN_RATE does (a threshold below what a request alone takes).
+
+    `known`: rate -> normalized latency already simulated for this trace, seed and options (a
+    latency curve's points). The search then starts between the two known rates around the
+    threshold instead of from 1 req/s: a handful of runs fewer."""
     specs = trace_specs(trace, num_requests, seed=seed)
-    ok = lambda rate: simulate(profile, system, poisson_trace(specs, rate, seed),
-                               **options).normalized_latency <= threshold
-    low, high = 0.0, 1.0
+    latency = dict(known or {})
+
+    def ok(rate: float) -> bool:
+        if rate not in latency:
+            latency[rate] = simulate(profile, system, poisson_trace(specs, rate, seed), **options).normalized_latency
+        return latency[rate] <= threshold
+
+    low = max((rate for rate, value in latency.items() if value <= threshold), default=0.0)
+    high = min((rate for rate, value in latency.items() if value > threshold and rate > low),
+               default=2 * low or 1.0)
     while ok(high):
         if high >= MAX_RATE:
             return MAX_RATE
