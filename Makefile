@@ -75,10 +75,10 @@ clang:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }; }; } || \
 	  echo "note: no clang++ (install Debian's clang package as root): the clang build test will be skipped"
 
-# The tests run in a process per core (pytest-xdist; at most 4), each costly module fixture in
-# one of them (--dist loadgroup and the xdist_group marks). JOBS=0 runs them in this one process.
+# The tests run in a process per core (pytest-xdist; at most 4), each file's tests in one process
+# (--dist loadfile), so that a module's costly fixture is built once. JOBS=0 runs them in this one.
 JOBS ?= auto
-PYTEST := $(PY) -m pytest -q -n $(JOBS) --maxprocesses=4 --dist loadgroup
+PYTEST := $(PY) -m pytest -q -n $(JOBS) --maxprocesses=4 --dist loadfile
 test: $(TEST_STAMP) browser clang
 	$(PYTEST) $(ARGS)
 

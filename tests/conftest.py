@@ -19,15 +19,24 @@ INTEGRATION = {"test_chat", "test_serve", "test_serve_dashboard", "test_serve_do
                "test_docs"}
 
 
+# The files that take minutes run first: with `make test`'s processes (pytest-xdist, a file per
+# process at a time) no process is left alone with one of them at the end.
+LONGEST_FIRST = ["test_notebooks", "test_docs", "test_engine_fuzz", "test_install"]
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the real model (the smollm2 fixture) is `slow`, marked or not;
-    the files in INTEGRATION are `integration`; without a GPU, `gpu` tests are skipped."""
+    the files in INTEGRATION are `integration`; without a GPU, `gpu` tests are skipped; the
+    files of LONGEST_FIRST run first, the others in their usual order."""
+    module = lambda item: item.module.__name__.rsplit(".", 1)[-1]
+    items.sort(key=lambda item: LONGEST_FIRST.index(module(item)) if module(item) in LONGEST_FIRST
+               else len(LONGEST_FIRST))  # a stable sort: the order within a file stays
     skip = pytest.mark.skip(reason="needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)")
     no_gpu = not cuda_available()
     for item in items:
         if "smollm2" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        if item.module.__name__.rsplit(".", 1)[-1] in INTEGRATION:
+        if module(item) in INTEGRATION:
             item.add_marker(pytest.mark.integration)
         if "gpu" in item.keywords and no_gpu:
             item.add_marker(skip)

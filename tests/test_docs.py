@@ -20,9 +20,6 @@ VOCABULARY = ["page", "frame", "page table", "frame allocator", "demand paging",
               "copy-on-write", "swap out / in", "page cache"]  # DESIGN.md's OS column
 
 
-pytestmark = pytest.mark.xdist_group("docs")  # the module fixture below: built once, in one process
-
-
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory):
     """(folder, pictures): every figure written afresh by scripts/make_figures.py."""

@@ -1,7 +1,8 @@
 """minipaged installs wherever participants sit: pip's own resolver, in dry-run mode, finds a
 wheel for every package of the runtime set (`make setup`, `make chat`) and of the test set
 (`make test`: the `dev` extra) on macOS (arm64, x86_64), Windows (x86_64) and Linux (x86_64,
-aarch64), from PyPI, downloading nothing but metadata.
+aarch64), from PyPI, downloading nothing but metadata. pip resolves the test set, which holds
+the runtime set; the runtime set is what its own requirements reach in that resolution.
 
 pip evaluates environment markers for the machine it runs on, not for `--platform`: from Linux
 it would leave out Windows' colorama and ask a Mac for NVIDIA's wheels. So the markers are
@@ -93,6 +94,12 @@ def unmarked(requirement: Requirement) -> str:
 def left_out(report: dict, roots: list[Requirement], environment: dict) -> list[Requirement]:
     """What the target needs that pip's resolution lacks: walk the dependencies from `roots`
     through the resolved packages' metadata, with the target's markers."""
+    return walk(report, roots, environment)[1]
+
+
+def walk(report: dict, roots: list[Requirement], environment: dict) -> tuple[set[str], list[Requirement]]:
+    """(the resolved packages that `roots` need on the target, what they need that is missing):
+    the dependencies from `roots` through the resolved packages' metadata, with its markers."""
     resolved = {canonicalize_name(item["metadata"]["name"]): item["metadata"]
                 for item in report["install"]}
     missing, seen, todo = [], set(), list(roots)
@@ -107,7 +114,7 @@ def left_out(report: dict, roots: list[Requirement], environment: dict) -> list[
             continue
         todo += [dependency for dependency in map(Requirement, resolved[name].get("requires_dist", []))
                  if applies(dependency, environment, requirement.extras)]
-    return missing
+    return {name for name, _ in seen if name in resolved}, missing
 
 
 def pip_dry_run(requirements: list[str], platforms: list[str], folder: Path) -> tuple[dict, str]:
@@ -125,20 +132,23 @@ def pip_dry_run(requirements: list[str], platforms: list[str], folder: Path) -> 
     return report, errors
 
 
-def resolve(platform: str, extras: tuple[str, ...], folder: Path) -> tuple[set[str], str]:
-    """The package names `extras`' set installs on `platform`, or (empty, pip's error)."""
+def resolve(platform: str, folder: Path) -> dict[str, tuple[set[str], str]]:
+    """Set name -> (the package names it installs on `platform`, or empty; pip's error).
+    pip resolves the test set, which holds the runtime set; the runtime set is what its own
+    requirements reach in that resolution (a resolution of the larger set is one of the smaller:
+    half the runs, each mostly waiting on PyPI)."""
     tags, environment = PLATFORMS[platform]
-    roots = [r for r in requirement_set(extras) if applies(r, environment)]
-    requirements = [unmarked(r) for r in roots]
+    roots = {name: [r for r in requirement_set(extras) if applies(r, environment)] for name, extras in SETS.items()}
+    requirements = [unmarked(r) for r in roots["test"]]
     for attempt in range(4):   # each round adds what the target needs and pip left out
         report, errors = pip_dry_run(requirements, tags, folder / str(attempt))
         if not report:
-            return set(), errors
-        missing = left_out(report, roots, environment)
+            return {name: (set(), errors) for name in SETS}
+        missing = left_out(report, roots["test"], environment)
         if not missing:
-            return {canonicalize_name(item["metadata"]["name"]) for item in report["install"]}, ""
+            return {name: (walk(report, roots[name], environment)[0], "") for name in SETS}
         requirements += [unmarked(r) for r in missing]
-    return set(), f"the dependencies of {platform} did not settle: still missing {missing}"
+    return {name: (set(), f"the dependencies of {platform} did not settle: still missing {missing}") for name in SETS}
 
 
 def pypi_unreachable() -> str:
@@ -150,23 +160,19 @@ def pypi_unreachable() -> str:
     return ""
 
 
-pytestmark = pytest.mark.xdist_group("install")  # the module fixture below: built once, in one process
-
-
 @pytest.fixture(scope="module")
 def resolutions(tmp_path_factory):
-    """Every (platform, set) resolved at once: pip mostly waits on the network."""
+    """(platform, set) -> resolution, every platform at once: pip mostly waits on the network."""
     reason = pypi_unreachable()
     if reason and os.environ.get("CI"):
         pytest.fail(f"{reason}: CI must check that every platform installs")
     if reason:
         pytest.skip(f"resolving for other platforms needs PyPI: {reason}")
     folder = tmp_path_factory.mktemp("resolve")
-    jobs = {(platform, name): (platform, extras, folder / f"{platform}-{name}")
-            for platform in PLATFORMS for name, extras in SETS.items()}
-    with ThreadPoolExecutor(4) as pool:
-        futures = {key: pool.submit(resolve, *job) for key, job in jobs.items()}
-        return {key: future.result() for key, future in futures.items()}
+    with ThreadPoolExecutor(len(PLATFORMS)) as pool:
+        futures = {platform: pool.submit(resolve, platform, folder / platform) for platform in PLATFORMS}
+        return {(platform, name): resolution for platform, future in futures.items()
+                for name, resolution in future.result().items()}
 
 
 @pytest.mark.parametrize("name", SETS)

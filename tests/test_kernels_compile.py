@@ -17,9 +17,6 @@ ARCHS = ("sm_80", "sm_90")
 GROUP_SIZES = (1, 3, 8)   # v5/v6 instances compiled here; a GPU compiles the one it needs
 
 
-pytestmark = pytest.mark.xdist_group("nvrtc")  # the module fixture below: built once, in one process
-
-
 @pytest.fixture(scope="module")
 def compiled():
     """Each (source, arch) compiled once. NVRTC holds the GIL, so two processes share the work."""

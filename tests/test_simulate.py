@@ -10,9 +10,6 @@ from minipaged.bench import simulate as sim
 from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
 
 
-pytestmark = pytest.mark.xdist_group("simulate")  # the module fixture below: built once, in one process
-
-
 @pytest.fixture(scope="module")
 def shares():
     return sim.fragmentation(num_requests=300)
