@@ -1,7 +1,7 @@
 # On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
 #   make chat              chat with the default model (ARGS="--help" lists its options)
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
-#   make test              every test (a few minutes); make test-fast skips the real-model ones.
+#   make test              every test (about 12 min on 2 cores); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make notebooks         run every notebook on the CPU and store its outputs in the .ipynb (minutes)
