@@ -174,18 +174,21 @@ class ContiguousBlockManager(BlockManager):
                            token_slots=tokens, internal_waste=allocated - tokens - reserved,
                            reserved_unused=reserved, shared_frames=0)
 
-    def frame_states(self) -> list[FrameState]:
-        """BlockManager's, with the frames of each chunk that no token has reached yet reserved."""
-        states = super().frame_states()
+    def _reserved_frames(self):
+        """The frames of each chunk that no token has reached yet."""
         for table in self.tables.values():
-            for frame in range(table.start + len(table.frames), table.start + table.size):
-                states[frame].reserved = True
+            yield from range(table.start + len(table.frames), table.start + table.size)
+
+    def frame_states(self) -> list[FrameState]:
+        """BlockManager's, with the reserved frames marked."""
+        states = super().frame_states()
+        for frame in self._reserved_frames():
+            states[frame].reserved = True
         return states
 
     def held_frame_states(self) -> list[FrameState]:
-        """BlockManager's, with the reserved frames of each chunk among them."""
+        """BlockManager's, with the reserved frames among them."""
         states = {state.frame: state for state in super().held_frame_states()}
-        for table in self.tables.values():
-            for frame in range(table.start + len(table.frames), table.start + table.size):
-                states.setdefault(frame, FrameState(frame, [])).reserved = True
+        for frame in self._reserved_frames():
+            states.setdefault(frame, FrameState(frame, [])).reserved = True
         return [states[frame] for frame in sorted(states)]
