@@ -88,18 +88,21 @@ class ModelRunner:
         with the attention implementation's copy_blocks kernel) before any of its K or V is written."""
         self.kv.apply(moves, self.attention.impl.copy_blocks)
 
-    def prepare(self, batch) -> StepInputs:
-        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens (a
-        speculating one's last token and its guesses, each with logits to check them); then the
-        padding rows of a static batch, which compute their last token again and write nothing."""
-        rows = [(s.seq.token_ids + s.draft, s.seq.seq_id, s.num_new_tokens, s.seq.num_computed + s.num_new_tokens,
-                 True) for s in batch.scheduled]
+    def prepare(self, batch, extra: dict | None = None) -> StepInputs:
+        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens, and after
+        them its `extra` tokens (sequence -> tokens in its extra slots), each with logits; then
+        the padding rows of a static batch, which compute their last token again and write nothing."""
+        extra, rows = extra or {}, []
+        for s in batch.scheduled:  # (token ids, seq id, new tokens, tokens it then holds, writes K and V?)
+            more = extra.get(s.seq, [])
+            n = s.num_new_tokens + len(more)
+            rows.append((s.seq.token_ids + more, s.seq.seq_id, n, s.seq.num_computed + n, True))
         rows += [(seq.token_ids, seq.seq_id, 1, seq.num_computed, False) for _, seq in batch.padding]
         tokens, seq_ids, lens, ends, writes = zip(*rows)
         inputs = step_inputs(self.blocks, list(seq_ids), list(lens), list(ends), list(writes),
                              [ids[end - n:end] for ids, _, n, end, _ in rows])
-        if any(s.draft for s in batch.scheduled):
-            inputs.num_logits = [1 + len(s.draft) for s in batch.scheduled] + [1] * len(batch.padding)
+        if extra:
+            inputs.num_logits = [1 + len(extra.get(s.seq, [])) for s in batch.scheduled] + [1] * len(batch.padding)
         return inputs
 
     def run(self, inputs: StepInputs, model: Model | None = None) -> np.ndarray:

@@ -113,11 +113,23 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def make_generator(params: SamplingParams, sample_index: int = 0) -> np.random.Generator:
-    """One random stream per sequence: seeded requests are reproducible in any batch."""
-    if params.seed is None:
-        return np.random.default_rng()
-    return np.random.default_rng([params.seed, sample_index])
+class RandomStream:
+    """A sequence's randomness, by token position: the draws for its token at position p come
+    from a generator seeded with (seed, sample index, p), so a seeded request gets the same
+    tokens whatever runs beside it, however many guesses it got, and after a preemption. Unseeded:
+    one fresh generator for every position."""
+
+    def __init__(self, seed: int | None, sample_index: int = 0):
+        self.key = None if seed is None else (seed, sample_index)
+        self.rng = np.random.default_rng() if seed is None else None
+
+    def at(self, position: int) -> np.random.Generator:
+        return self.rng if self.key is None else np.random.default_rng([*self.key, position])
+
+
+def make_generator(params: SamplingParams, sample_index: int = 0) -> RandomStream:
+    """One random stream per sequence (see RandomStream): seeded requests are reproducible in any batch."""
+    return RandomStream(params.seed, sample_index)
 
 
 def sample(logits: np.ndarray, params: list[SamplingParams],
@@ -168,27 +180,32 @@ def distribution(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
     return out / out.sum()
 
 
-def verify(logits: np.ndarray, draft: list[int], p: SamplingParams, gen: np.random.Generator,
+def verify(logits: np.ndarray, draft: list[int], p: SamplingParams, gen,
            draft_probs: np.ndarray | None = None) -> list[int]:
     """Speculative sampling (Leviathan et al. 2023): logits (len(draft) + 1, vocab) are the
-    model's at the last token and at each guess. Guess x, proposed with probability q(x)
-    (draft_probs (len(draft), vocab); None: the proposer is sure, q = 1 at x), is accepted
-    with probability min(1, p(x) / q(x)); the first rejected one is replaced by a draw from
+    model's at the last token and at each guess; `gen` is a generator, or one per row. Guess x,
+    proposed with probability q(x) (draft_probs (len(draft), vocab)), is accepted with
+    probability min(1, p(x) / q(x)); the first rejected one is replaced by a draw from
     max(0, p - q), renormalised; if all are accepted, one more token is sampled from the last
-    row. Each emitted token is then distributed as the model's own (greedy: its argmax)."""
-    if p.greedy:  # accept while the guess is the model's argmax, then the argmax
-        target = logits.argmax(axis=-1).tolist()
-        n = next((i for i, x in enumerate(draft) if x != target[i]), len(draft))
-        return list(draft[:n]) + [target[n]]
+    row. Each emitted token is then distributed as the model's own (greedy: its argmax).
+    draft_probs None: the proposer is sure (q = 1 at x). Then accepting x with probability p(x)
+    and else drawing from p without x is the same as drawing from p and comparing with x: so
+    each row's token is drawn as the sampler would draw it, and kept guesses are those it equals."""
+    gens = gen if isinstance(gen, list) else [gen] * len(logits)
     out = []
     for i, x in enumerate(draft):
+        if draft_probs is None:
+            out.append(int(logits[i].argmax()) if p.greedy else sample_row(logits[i], p, gens[i]))
+            if out[-1] != x:
+                return out
+            continue
         probs = distribution(logits[i], p)                  # (vocab,)
-        q = draft_probs[i] if draft_probs is not None else np.eye(1, len(probs), x)[0]
-        if gen.random() * q[x] < probs[x]:
+        if gens[i].random() * draft_probs[i][x] < probs[x]:
             out.append(int(x))
             continue
-        return out + [draw(np.maximum(probs - q, 0.0), gen)]
-    return out + [sample_row(logits[len(draft)], p, gen)]
+        return out + [draw(np.maximum(probs - draft_probs[i], 0.0), gens[i])]
+    last = logits[len(draft)]
+    return out + [int(last.argmax()) if p.greedy else sample_row(last, p, gens[len(draft)])]
 
 
 def draw(weights: np.ndarray, gen: np.random.Generator) -> int:

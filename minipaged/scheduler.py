@@ -2,7 +2,7 @@
 
 Each step, `schedule()` picks the batch and the frames it needs; after the forward pass,
 `update()` appends the sampled tokens, forks beams and finishes sequences. The engine and the
-simulator call the same two. The policy is told in full at `Scheduler`.
+simulator call the same two. Every choice an idea changes is asked of a policy (policies/).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from minipaged import beam
+from minipaged import beam, policies
 from minipaged.paging import BlockManager, MemoryMoves, check_size
+from minipaged.policies import ADMISSIONS, WAITING_ORDERS
 from minipaged.sequence import Request, Sequence, Status
 
 
@@ -27,14 +28,7 @@ class Scheduled:
     num_new_tokens: int
     samplers: list[Sequence]
     kind: str = "decode"  # or "prefill": the sequence's tokens enter the cache now
-    guess_slots: int = 0  # speculative decoding: slots taken for guesses after its last token
-    draft: list[int] = field(default_factory=list)  # the guesses checked this step (<= guess_slots)
-
-    def guess(self, draft: list[int]) -> None:
-        """Check these guessed tokens in this step's forward, after the last token."""
-        assert len(draft) <= self.guess_slots, f"{len(draft)} guesses for {self.guess_slots} slots"
-        self.draft = list(draft)
-        self.num_new_tokens = 1 + len(draft)
+    extra_slots: int = 0  # the lookahead's slots after its next token (tokens it may run too)
 
 
 @dataclass(slots=True)
@@ -51,25 +45,6 @@ class Batch:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchingPolicy:
-    """How batches form: each field is one thing Orca changed about FasterTransformer's batches."""
-    name: str
-    joins_running_batch: bool  # may a request join while others run (else: only an empty batch)?
-    reserves_whole_run: bool   # does admission take every frame the run could need, up front?
-    keeps_finished_rows: bool  # do finished sequences stay in the batch as padding until it ends?
-
-
-CONTINUOUS = BatchingPolicy("continuous", joins_running_batch=True, reserves_whole_run=False,
-                            keeps_finished_rows=False)
-STATIC = BatchingPolicy("static", joins_running_batch=False, reserves_whole_run=True,
-                        keeps_finished_rows=True)
-POLICIES = {p.name: p for p in (CONTINUOUS, STATIC)}
-WAITING_ORDERS = ("fcfs", "sjf", "aging", "priority")  # first come first served; shortest job first; SJF
-# with aging; vLLM's `priority=` per request (lower first)
-ADMISSIONS = ("greedy", "working-set")  # admit while prompts fit; or while working sets (frames + growth) fit
-
-
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
@@ -77,36 +52,26 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"   # or "swap"
     watermark: float = 0.01              # fraction of frames admission leaves free
     max_model_len: int = 2048            # the longest a sequence may grow
-    policy: str = "continuous"           # or "static": the pre-Orca baseline
+    batching: str = "continuous"         # or "static": the pre-Orca baseline (policies/batching.py)
     chunked_prefill: bool = False        # split prompts to fit max_num_batched_tokens per step
-    scheduling_policy: str = "fcfs"      # waiting-queue order: "fcfs", "sjf" or "aging" (WAITING_ORDERS)
-    aging_rate: float = 8.0              # "aging": job-size tokens forgiven per step waited
-    admission: str = "greedy"            # or "working-set": running sequences' growth is counted too (ADMISSIONS)
-    admission_window: int = 16           # "working-set": steps of growth counted (Denning's window)
-    num_speculative_tokens: int = 0      # slots for guesses after each decode (speculative decoding)
+    # the seams (policies/): a name of WAITING_ORDERS / ADMISSIONS, a "module:Class" path, or an object
+    scheduling_policy: object = "fcfs"   # the waiting order (vLLM's name for the option)
+    admission: object = "greedy"         # may a request join now
+    preemption_victim: object = None     # whom to preempt; None: the waiting order's, else the newest
+    aging_rate: float = 8.0              # a setting of the waiting order that reads it
+    admission_window: int = 16           # a setting of the admission that reads it
 
     def __post_init__(self):
-        if self.scheduling_policy not in WAITING_ORDERS:
-            raise ValueError(f"scheduling_policy must be one of {WAITING_ORDERS}, got {self.scheduling_policy!r}")
-        if not isinstance(self.aging_rate, (int, float)) or not self.aging_rate > 0:
-            raise ValueError(f"aging_rate must be a number > 0 (tokens per step waited), got {self.aging_rate!r}")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"admission must be one of {ADMISSIONS}, got {self.admission!r}")
-        check_size("admission_window", self.admission_window, minimum=1)
+        policies.scheduler_policies(self.scheduling_policy, self.admission, self.preemption_victim,
+                                    self.aging_rate, self.admission_window)  # a bad name or setting, now
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"scheduler must be one of {sorted(POLICIES)}, got {self.policy!r}")
-        if self.chunked_prefill and self.policy == "static":
-            raise ValueError("enable_chunked_prefill needs scheduler='continuous': a static batch "
-                             "is formed once, so there are no running decodes to share steps with")
+        if self.batching not in policies.SEAMS["scheduler"]:
+            raise ValueError(f"scheduler must be one of {sorted(policies.SEAMS['scheduler'])}, got {self.batching!r}")
+        policies.check_options(batching=self.batching, chunked_prefill=self.chunked_prefill)
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
-        check_size("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
-        if self.num_speculative_tokens and self.policy == "static":
-            raise ValueError("speculative decoding needs scheduler='continuous': a static batch keeps "
-                             "finished rows as padding and never rolls a row back")
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
             self.max_num_batched_tokens = 512 if self.chunked_prefill else max(4096, self.max_model_len)
@@ -117,34 +82,34 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Batching over a BlockManager. Three queues, first come first served: `waiting` (not
-    yet in memory), `running` (frames on the device) and `swapped` (frames in host memory).
-    Each `schedule()`, in this order:
+    """Batching over a BlockManager. Three queues: `waiting` (not yet in memory), `running`
+    (frames on the device) and `swapped` (frames in host memory). Each `schedule()`:
 
-    1. Running requests each get a slot for their next token. When frames run out, the most
-       recently admitted request is preempted: by *recompute* (its frames are freed and it goes
-       back to the front of `waiting`, to be prefilled again later) or by *swap* (its frames
-       are copied to host memory and it waits in `swapped`).
+    1. Running requests each get a slot for their next token. When frames run out, a request is
+       preempted (`victim`'s choice; by default the most recently admitted): by *recompute*
+       (its frames are freed and it goes back to the front of `waiting`, to be prefilled again)
+       or by *swap* (its frames are copied to host memory and it waits in `swapped`).
     2. If nobody was preempted, swapped requests come back first, oldest first.
-    3. If nobody is swapped out, waiting requests are admitted while their frames fit (keeping
-       a small watermark of free frames so running sequences can grow), within `max_num_seqs`
-       sequences and `max_num_batched_tokens` tokens per step. Which waiting request goes
-       next is `scheduling_policy`'s choice (`_next_waiting`). With `admission="working-set"`
-       a request is admitted only while every running sequence's *working set* fits too: its
-       frames now plus the frames it will take in the next `admission_window` steps (Denning's
-       load control, against thrashing: see `_growth`).
+    3. If nobody is swapped out, waiting requests are admitted in `order`'s choice while they
+       fit (`_fits`): their frames, keeping a small watermark free so running sequences can
+       grow, and what `admission` promises to growth; within `max_num_seqs` sequences and
+       `max_num_batched_tokens` tokens per step.
+    4. A `lookahead` (speculation) may give decode rows slots for extra tokens.
 
     Prefill and decode share a step: a newly admitted prompt joins the running decodes at once.
     With `chunked_prefill`, decodes go first and a prompt takes what is left of the token budget,
     a chunk per step; while a prompt is part-computed nobody else is admitted (a prefix-cache hit
-    on its blocks would read K and V not written yet) and it is never preempted. A contiguous
-    allocator (paging.contiguous) reserves each request's chunk at admission. Under the `STATIC`
-    policy a batch forms only when the last one is done, reserves its whole run's memory up
-    front, and keeps its finished sequences as padding rows until its longest member finishes.
+    on its blocks would read K and V not written yet) and it is never preempted. `batching`
+    (policies/batching.py) says whether requests join a running batch, whether admission
+    reserves the whole run, and whether finished rows stay as padding.
     """
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
-        self.config, self.blocks, self.policy = config, blocks, POLICIES[config.policy]
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, lookahead=None):
+        self.config, self.blocks, self.lookahead = config, blocks, lookahead
+        self.batching = policies.SEAMS["scheduler"][config.batching]
+        self.order, self.admission, self.victim = policies.scheduler_policies(
+            config.scheduling_policy, config.admission, config.preemption_victim, config.aging_rate,
+            config.admission_window)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -153,18 +118,16 @@ class Scheduler:
         self.watermark_frames = int(config.watermark * blocks.num_frames)
         self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
         self.steps = 0                    # schedule() calls so far: the clock waits are counted on
-        self.arrived: dict[Request, int] = {}  # waiting request -> the step it arrived at
-        self.priorities: dict[Request, int] = {}  # "priority": request -> its priority (lower first)
 
     def add(self, request: Request, priority: int = 0) -> None:
+        request.arrival, request.priority = self.steps, priority
         self.waiting.append(request)
-        self.arrived[request] = self.steps
-        self.priorities[request] = priority
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> Batch:
+        """This step's batch, whole: who runs, their tokens, and the memory moves to make first."""
         batch, self.steps = Batch(), self.steps + 1
         self._reserve_decode_slots(batch)
         if not batch.preempted:
@@ -172,11 +135,13 @@ class Scheduler:
         for request in list(self.prefilling):
             self._schedule_prefill(request, batch)
         if (not batch.preempted and not self.swapped and not self.prefilling
-                and (self.policy.joins_running_batch or not self.running)):
+                and (self.batching.joins_running_batch or not self.running)):
             self._admit(batch)
         batch.padding = list(self.padding)
-        if self.config.num_speculative_tokens:
-            self._reserve_guesses(batch)
+        if self.lookahead is not None:
+            self.lookahead.reserve(batch, self.config.max_num_batched_tokens - batch.num_tokens,
+                                   self.config.max_model_len)
+        batch.moves.tier = self.blocks.take_tier_moves()  # the tier's stores and loads, in order
         return batch
 
     def new_seq_id(self) -> int:
@@ -186,20 +151,18 @@ class Scheduler:
                beams: dict[Request, beam.BeamStep] | None = None,
                accepted: dict[Sequence, list[int]] | None = None) -> list[Request]:
         """After the forward pass: every scheduled sequence's new tokens now have K and V in the
-        cache; each sampler appends its accepted guesses (speculative decoding: the rest are
-        rolled back) and its token (a beam search applies its BeamStep instead), and finishes if
-        it is in `stopped` (eos, a stop string) or at its length limit. Returns the requests
-        that finished, in the order they ran."""
+        cache; each sampler appends its `accepted` extra tokens (the lookahead's, computed this
+        step) and its token (a beam search applies its BeamStep instead), and finishes if it is
+        in `stopped` (eos, a stop string) or at its length limit. Returns the requests that
+        finished, in the order they ran."""
         request_of, accepted = {}, accepted or {}
         for scheduled in batch.scheduled:
             scheduled.seq.num_computed += scheduled.num_new_tokens  # (a prompt chunk samples nothing)
-            if scheduled.guess_slots:
-                self.blocks.settle_guesses(scheduled.seq.seq_id, accepted.get(scheduled.seq, []))
             for seq in scheduled.samplers:  # forked samples share the prompt's cache
                 seq.num_computed = len(scheduled.seq.token_ids)
                 request_of[seq] = scheduled.request
         for seq, token in tokens.items():
-            seq.num_computed += len(accepted.get(seq, ()))  # accepted guesses have their K and V
+            seq.num_computed += len(accepted.get(seq, ()))  # accepted extra tokens have their K and V
             seq.token_ids += [*accepted.get(seq, ()), token]
             request = request_of[seq]
             if seq in stopped:
@@ -226,13 +189,17 @@ class Scheduler:
             if request in queue:
                 queue.remove(request)
         self.prefilling.pop(request, None)
-        self.arrived.pop(request, None)
-        self.priorities.pop(request, None)
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
                 self._free_seq(seq)
             self.padding.clear()
+
+    def worst_case_frames(self, prompt_len: int, params) -> int:
+        """The most frames a request can hold at once: every sample or beam with its own copy of
+        prompt and output, as after a recompute (what must fit the pool, even alone)."""
+        final_len = min(prompt_len + params.max_tokens, self.config.max_model_len)
+        return max(params.n, params.beam_width) * self.blocks.frames_to_admit(final_len, final_len)
 
     # ---- sequences: fork, finish, free ----------------------------------------------------
     def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
@@ -244,7 +211,6 @@ class Scheduler:
 
     def _apply_beam_step(self, request: Request, step: beam.BeamStep) -> None:
         """Apply one step of beam search (minipaged.beam): fork, extend and drop beams."""
-        p = request.params
         for c in step.done:
             request.done_beams.append(Sequence(-1, c.parent.token_ids + [c.token], c.parent.prompt_len,
                                                cumulative_logprob=c.score, finish_reason="stop"))
@@ -263,8 +229,8 @@ class Scheduler:
         request.seqs = live
         for i, seq in enumerate(live):
             seq.index = i
-        max_output_len = min(p.max_tokens, self.config.max_model_len - len(request.prompt_token_ids))
-        if beam.is_over(live, request.done_beams, p.beam_width, max_output_len):
+        max_output_len = min(request.params.max_tokens, self.config.max_model_len - len(request.prompt_token_ids))
+        if beam.is_over(live, request.done_beams, request.params.beam_width, max_output_len):
             for seq in live:
                 at_limit = len(seq.output_ids) >= max_output_len
                 self._finish_seq(request, seq, "length" if at_limit else "pruned")
@@ -274,7 +240,7 @@ class Scheduler:
     def _finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
         """A sequence is done: its frames go back at once (static: at the end of its batch)."""
         seq.finish_reason = reason
-        if self.policy.keeps_finished_rows and self.blocks.has(seq.seq_id):
+        if self.batching.keeps_finished_rows and self.blocks.has(seq.seq_id):
             self.padding.append((request, seq))
         else:
             self._free_seq(seq)
@@ -287,7 +253,8 @@ class Scheduler:
     # ---- the three phases ---------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
         """Every live sequence of every running request gets a slot for its next token,
-        preempting the most recently admitted requests while the frames do not suffice."""
+        preempting the victim's choice while the frames do not suffice: among this request and
+        those not yet scheduled this step (never a part-computed prompt), in admission order."""
         queue, self.running = deque(self.running), []
         while queue:
             request = queue.popleft()
@@ -295,7 +262,7 @@ class Scheduler:
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = self._victim(request, queue)
+                victim = self.victim.choose([request] + [r for r in queue if r not in self.prefilling])
                 if victim is not request:
                     queue.remove(victim)
                 self._preempt(victim, batch)
@@ -303,31 +270,6 @@ class Scheduler:
                     break
             else:
                 self._schedule_decode(request, batch)
-
-    def _victim(self, request: Request, queue: deque[Request]) -> Request:
-        """Whom to preempt so that `request` can grow: the most recently admitted of those not
-        yet scheduled this step (never a part-computed prompt), or `request` itself; under
-        "priority", the least urgent of them (the largest priority value), latest admitted first."""
-        candidates = [request] + [r for r in queue if r not in self.prefilling]  # (in admission order)
-        if self.config.scheduling_policy != "priority":
-            return candidates[-1]
-        return max(reversed(candidates), key=lambda r: self.priorities.get(r, 0))  # max keeps the first of equals
-
-    def _reserve_guesses(self, batch: Batch) -> None:
-        """Speculative decoding: each decode gets slots for up to k guesses after its last
-        token, within the step's token budget, the frames free now (a guess never preempts
-        anyone) and what the sequence may still emit (the accepted guesses and one token more)."""
-        budget = self.config.max_num_batched_tokens - batch.num_tokens
-        for s in batch.scheduled:
-            if s.kind != "decode" or s.request.beam_search or budget <= 0:
-                continue
-            seq, p = s.seq, s.request.params
-            room = min(self.config.num_speculative_tokens, budget, p.max_tokens - len(seq.output_ids) - 1,
-                       self.config.max_model_len - len(seq.token_ids) - 1)
-            if room > 0:
-                s.guess_slots, cows = self.blocks.append_guess_slots(seq.seq_id, room)
-                batch.moves.copies += cows
-                budget -= s.guess_slots
 
     def _swap_in(self, batch: Batch) -> None:
         while self.swapped:
@@ -341,63 +283,43 @@ class Scheduler:
             self._schedule_decode(request, batch)  # its next token was sampled before it left
 
     def _admit(self, batch: Batch) -> None:
-        budget, promised = self.blocks.num_free_frames, 0
-        if self.waiting and self._counts_growth():  # working sets: the running ones' growth is promised
-            promised = sum(self._growth(r) for r in self.running)
+        """Admit waiting requests, the waiting order's choice first, while each one fits; the
+        first that does not stops admission (nobody overtakes it). The frames the admission
+        policy promises to the running requests' growth are not free to take."""
+        if not self.waiting:
+            return
+        free = self.blocks.num_free_frames - sum(self._growth(r) for r in self.running)
         while self.waiting:
-            request = self._next_waiting()
+            request = self.order.pick(self.waiting, self.steps)
             mapped = self._to_map(request)
-            alone = not self.running  # a request that fits an idle engine is always admitted
-            tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
-            if not alone and (self._num_running_seqs() + request.width > self.config.max_num_seqs
-                              or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
-                return
-            keep_free = 0 if alone or self.policy.reserves_whole_run else self.watermark_frames
             frames = self._frames_to_admit(request, mapped)
-            growth = self._growth(request) if self._counts_growth() and not alone else 0
-            if promised + frames + growth > budget - keep_free or not self.blocks.can_reserve(frames // len(mapped)):
+            growth = self._growth(request) if self.running else 0
+            if not self._fits(request, mapped, frames, free - growth, batch):
                 return
-            promised += frames + growth
+            free -= frames + growth
             self.waiting.remove(request)
             self._allocate(request, mapped, batch)
             if self.prefilling:  # a part-computed prompt: nobody may hit its blocks yet
                 return
 
-    def _counts_growth(self) -> bool:
-        """Does admission count working sets? (A static batch reserves its whole run anyway.)"""
-        return self.config.admission == "working-set" and not self.policy.reserves_whole_run
+    def _fits(self, request: Request, mapped: list[Sequence], frames: int, free: int, batch: Batch) -> bool:
+        """May this request join now: its sequences within max_num_seqs, its prompt tokens within
+        the step's budget, its frames within the free frames less the watermark (and in one
+        piece, for a contiguous allocator). A request that fits an idle engine is always
+        admitted, limits and watermark aside, or it would wait forever."""
+        if self.running:
+            tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
+            if (self._num_running_seqs() + request.width > self.config.max_num_seqs
+                    or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
+                return False
+        keep_free = 0 if not self.running or self.batching.reserves_whole_run else self.watermark_frames
+        return frames <= free - keep_free and self.blocks.can_reserve(frames // len(mapped))
 
     def _growth(self, request: Request) -> int:
-        """The frames a request's sequences will take in the next `admission_window` steps: one
-        token a step each, up to its final length (prompt + max_tokens, what is known). Its
-        working set is its frames now plus these: every step's attention reads all its frames,
-        so none of them can be left out of memory. A contiguous chunk has its room reserved: 0."""
-        final = self._final_len(request)
-        length = max((len(s.token_ids) for s in request.live), default=final)
-        grown = min(length + self.config.admission_window, final)
-        return request.width * (self.blocks.frames_to_admit(grown, final) - self.blocks.frames_to_admit(length, final))
-
-    def _next_waiting(self) -> Request:
-        """The waiting request admission tries next (if it does not fit, nobody else is tried).
-        Under `priority` (vLLM's), the smallest `priority=` given to `add_request`, ties in queue
-        order (requests preempted by recompute first, then the oldest). Otherwise requests
-        preempted by recompute come first, in their order, whatever the policy; then `fcfs` takes
-        the oldest; `sjf` the smallest job (prompt + max_tokens tokens, what is known before it
-        runs); `aging` the smallest job after forgiving `aging_rate` tokens per step waited.
-        Aging bounds starvation: a job of S tokens waits only for requests that arrived fewer
-        than (S - 1) / aging_rate steps after it (and those before it). Ties go to the oldest."""
-        policy = self.config.scheduling_policy
-        if policy == "priority":
-            return min(self.waiting, key=lambda r: self.priorities.get(r, 0))  # min keeps the first of equals
-        if policy == "fcfs" or any(s.output_ids for s in self.waiting[0].seqs):  # (preempted: at the front)
-            return self.waiting[0]
-        rate = self.config.aging_rate if policy == "aging" else 0.0
-
-        def priority(request: Request) -> float:
-            size = len(request.prompt_token_ids) + request.params.max_tokens
-            return size - rate * (self.steps - self.arrived[request])
-
-        return min(self.waiting, key=priority)  # min keeps the first (oldest) of equals
+        """The frames admission promises to a request's growth (a whole-run reservation has none left)."""
+        if self.batching.reserves_whole_run:
+            return 0
+        return self.admission.growth(request, self.blocks, self._final_len(request))
 
     # ---- the steps they share -------------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
@@ -423,11 +345,9 @@ class Scheduler:
         preempted if they must), or the worst case of the whole run (static: nobody is
         preempted, so every sequence's reservation is taken at once). A contiguous allocator
         counts the chunk it reserves either way."""
-        p = request.params
-        final_len = self._final_len(request)
-        if not self.policy.reserves_whole_run:
-            return sum(self.blocks.frames_to_admit(len(s.token_ids), final_len) for s in mapped)
-        return max(p.n, p.beam_width) * self.blocks.frames_to_admit(final_len, final_len)
+        if self.batching.reserves_whole_run:
+            return self.worst_case_frames(len(request.prompt_token_ids), request.params)
+        return sum(self.blocks.frames_to_admit(len(s.token_ids), self._final_len(request)) for s in mapped)
 
     def _final_len(self, request: Request) -> int:
         """The longest the request's sequences can grow (a contiguous allocator reserves for it)."""
@@ -490,5 +410,5 @@ class Scheduler:
         return sum(r.width for r in self.running)
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "BatchingPolicy", "CONTINUOUS", "STATIC", "POLICIES", "WAITING_ORDERS", "ADMISSIONS",
-           "Sequence", "Request", "Batch", "Scheduled", "Status"]
+__all__ = ["Scheduler", "SchedulerConfig", "WAITING_ORDERS", "ADMISSIONS", "Sequence", "Request", "Batch",
+           "Scheduled", "Status"]

@@ -57,6 +57,8 @@ class Request:
     seqs: list[Sequence]
     status: Status = Status.WAITING
     num_cached_tokens: int = 0      # prompt tokens found in the prefix cache at first admission
+    priority: int = 0               # vLLM's `priority=` (lower first), for a waiting order that reads it
+    arrival: int = 0                # the scheduler's step count when it was added (waiting orders read it)
     done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses
 
     @property

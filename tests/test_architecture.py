@@ -12,14 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent / "minipaged"
 LAYERS = [
     {"backend", "sampling", "outputs"},
     {"attention", "model", "paging", "sequence", "beam"},
+    {"policies"},  # the seams' policies: they see requests and the block manager, nothing above
     {"scheduler", "runner", "viz"},
     {"speculative"},  # proposers: the n-gram lookup, and draft layers run through the runner
+    {"config"},  # EngineConfig: every option, each seam's policy named
     {"engine"},
     {"llm"},
     {"chat", "serve", "bench", "lab", "minipaged"},  # the doors (and __init__)
     {"simulate"},  # `python -m minipaged.simulate`, the alias of minipaged.bench.simulate
 ]
-REQUEST_PATH = ["llm", "engine", "scheduler", "runner", "sequence", "beam", "sampling", "outputs"]
+REQUEST_PATH = ["llm", "engine", "scheduler", "runner", "sequence", "beam", "sampling", "outputs", "policies"]
 
 
 def module_name(path: Path) -> str:

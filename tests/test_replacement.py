@@ -61,7 +61,7 @@ def test_a_pinned_frame_is_never_given_up():
 
 
 def test_a_bad_policy_name_says_which_there_are(tiny):
-    with pytest.raises(ValueError, match=r"prefix_cache_policy must be one of \['clock', 'fifo', 'lru', 'random'\]"):
+    with pytest.raises(ValueError, match=r"prefix_cache_policy must be one of \('lru', 'fifo', 'clock', 'random'\) or a 'module:Class' path"):
         EngineConfig(prefix_cache_policy="mru")
     with pytest.raises(ValueError, match="prefix_cache_policy must be one of"):
         LLM(str(tiny()), device="cpu", prefix_cache_policy="LRU")

@@ -50,7 +50,11 @@ def test_flat_distribution_with_top_p_falls_back_to_a_full_sort():
     assert len(set(draws)) > 200
 
 
-def test_seeded_generators_repeat():
+def test_seeded_generators_repeat_by_position():
+    """A seeded stream draws the same at the same (sample, position), otherwise not."""
     p = SamplingParams(temperature=1.0, seed=3)
-    a = [make_generator(p, 1).random() for _ in range(2)]
-    assert a[0] == a[1] and make_generator(p, 0).random() != a[0]
+    a = [make_generator(p, 1).at(7).random() for _ in range(2)]
+    assert a[0] == a[1]
+    assert make_generator(p, 0).at(7).random() != a[0] and make_generator(p, 1).at(8).random() != a[0]
+    unseeded = make_generator(SamplingParams(temperature=1.0), 1)
+    assert unseeded.at(7).random() != unseeded.at(7).random()  # one fresh stream, drawn twice

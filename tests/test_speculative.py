@@ -242,7 +242,7 @@ def test_greedy_outputs_are_the_same_with_and_without_speculation(llm, spec, nam
     engine = llm.new_engine(speculative_config=spec, **options)
     got = run(engine, reqs)
     same_tokens(got, want)
-    assert engine.num_accepted > 0 and engine.num_guessed > engine.num_accepted  # guesses right and wrong
+    assert engine.lookahead.num_accepted > 0 and engine.lookahead.num_guessed > engine.lookahead.num_accepted  # guesses right and wrong
     if name.startswith("tight"):
         assert engine.preempted_modes == {options.get("preemption_mode", "recompute")}
 
@@ -266,9 +266,9 @@ def test_stops_and_limits_inside_an_accepted_run_cut_as_without_speculation(llm)
     for spec in (NGRAM, DRAFT, "oracle"):
         engine = llm.new_engine(speculative_config=NGRAM if spec == "oracle" else spec)
         if spec == "oracle":  # guesses the reference itself, one in four wrong: runs end everywhere
-            engine.proposer = Oracle(len(prompt), ref.token_ids + [0] * 40, wrong_every=4)
+            engine.lookahead.proposer = Oracle(len(prompt), ref.token_ids + [0] * 40, wrong_every=4)
         same_tokens(run(engine, reqs), want)
-        assert engine.num_accepted > (0 if spec != "oracle" else 0.3 * engine.num_guessed)
+        assert engine.lookahead.num_accepted > (0 if spec != "oracle" else 0.3 * engine.lookahead.num_guessed)
 
 
 class Oracle:
@@ -282,7 +282,7 @@ class Oracle:
         drafts = []
         for s in rows:
             done = len(s.seq.token_ids) - self.prompt_len
-            draft = self.output[done:done + s.guess_slots]
+            draft = self.output[done:done + s.extra_slots]
             for i in range(len(draft)):
                 self.made += 1
                 if self.made % self.wrong_every == 0:
@@ -314,7 +314,7 @@ def test_seeded_sampling_with_speculation_is_reproducible_and_follows_the_model(
         return np.array([out.outputs[0].token_ids[2] for out in run(engine, reqs).values()]), engine
     plain, _ = third_tokens(None)
     speculated, engine = third_tokens(NGRAM)
-    assert engine.num_guessed > 0
+    assert engine.lookahead.num_guessed > 0
     again, _ = third_tokens(NGRAM)
     assert (again == speculated).all()
     top = np.argsort(-np.bincount(plain))[:5]  # the common tokens: each share within sampling noise

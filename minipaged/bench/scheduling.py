@@ -126,7 +126,7 @@ class PrioritySimulator(Simulator):
         super().add(arrival)
         request = self.scheduler.waiting[-1]  # the one just added
         if self.priorities is not None:
-            self.scheduler.priorities[request] = self.priorities[int(request.request_id)]
+            request.priority = self.priorities[int(request.request_id)]
 
 
 def serve_requests(engine, arrivals, prompts, max_tokens, priorities=None, clock: Profile | None = None) -> dict:

@@ -146,7 +146,7 @@ class Simulator:
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs=profile.max_num_seqs,
                                                    max_num_batched_tokens=max_num_batched_tokens,
                                                    preemption_mode=preemption_mode, max_model_len=profile.max_model_len,
-                                                   policy=policy, chunked_prefill=chunked_prefill,
+                                                   batching=policy, chunked_prefill=chunked_prefill,
                                                    **(scheduler_options or {})), self.blocks)
         self.result = Result(system)
         self.params: dict[int, SamplingParams] = {}

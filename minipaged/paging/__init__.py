@@ -10,7 +10,8 @@ from minipaged.paging.choice import ALLOCATORS, make_block_manager
 from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
 from minipaged.paging.kv_cache import SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory, num_blocks_for_memory
 from minipaged.paging.manager import BlockManager, FrameState, MemoryMoves, MemoryUsage, TableView
-from minipaged.paging.prefix_cache import REPLACEMENT_POLICIES, PrefixCache, block_hash, make_policy
+from minipaged.paging.prefix_cache import PrefixCache, block_hash
+from minipaged.paging.replacement import REPLACEMENT_POLICIES, make_policy
 from minipaged.paging.static import StaticBlockManager
 from minipaged.paging.tier import Drum, TierMove
 

@@ -23,6 +23,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from minipaged import policies
 from minipaged.serve import protocol
 from minipaged.serve.dashboard import Dashboard, page
 from minipaged.serve.loop import EngineLoop, Update
@@ -64,7 +65,8 @@ class Server:
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.config.max_num_seqs
         self.num_frames, self.block_size = engine.blocks.num_frames, engine.blocks.block_size
         self.vocab_size = engine.model.config.vocab_size  # for the schema: the engine checks token ids
-        self.scheduling_policy = engine.config.scheduling_policy  # a request's `priority` needs "priority"
+        order = engine.scheduler.order  # a request's `priority` needs a waiting order that reads it
+        self.uses_priority, self.order_name = getattr(order, "uses_priority", False), policies.name_of(order)
         self.metrics = Metrics(config.model_name)
         self.dashboard = Dashboard(config.model_name, config.snapshot_interval, config.dashboard_show_text)
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
@@ -315,9 +317,9 @@ class Server:
         if self.loop.num_unfinished + len(prompts) > self.max_num_seqs + self.config.max_waiting:
             raise APIError(503, f"the server is full ({self.loop.num_unfinished} requests unfinished); "
                            "retry in a moment")
-        if body.priority and self.scheduling_policy != "priority":
+        if body.priority and not self.uses_priority:
             raise APIError(400, f"priority={body.priority} needs a server started with --scheduling-policy "
-                           f"priority (this one orders its queue by {self.scheduling_policy!r})", "priority")
+                           f"priority (this one orders its queue by {self.order_name!r})", "priority")
         done = self.slots.take(self._client(request), len(prompts), params.n)  # or a 400/429
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(self.ids)}-{secrets.token_hex(3)}"
         run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params, done,

@@ -18,9 +18,8 @@ import time
 
 import uvicorn
 
+from minipaged import policies
 from minipaged.llm import CommandParser, number
-from minipaged.paging.prefix_cache import REPLACEMENT_POLICIES
-from minipaged.scheduler import ADMISSIONS, WAITING_ORDERS
 from minipaged.serve.api import Server, ServerConfig
 from minipaged.speculative import SpeculativeConfig
 
@@ -45,6 +44,22 @@ def size(text: str) -> int:
     if int(match[1]) == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: the KV cache needs more than 0 bytes")
     return int(match[1]) * 1024 ** " KMG".index((match[2] or " ").upper())
+
+
+def seam(option: str):
+    """argparse type of a seam's option: a policy's name or "module:Class", built now, so a typo
+    or a missing module is one line before the model loads."""
+    def parse(text: str) -> str:
+        try:
+            policies.make(option, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+    return parse
+
+
+def names(option: str) -> str:
+    return "{" + ",".join(policies.SEAMS[option]) + ",module:Class}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,15 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="static: the pre-Orca baseline, for a before/after demo")
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     # the series' old systems ideas (docs/09_replacement.md to docs/12_drum.md), each a choice of the engine
-    add("--prefix-cache-policy", default="lru", choices=sorted(REPLACEMENT_POLICIES),
+    # each takes a name or a policy of one's own, "module:Class" (importable from here)
+    add("--prefix-cache-policy", default="lru", type=seam("prefix_cache_policy"), metavar=names("prefix_cache_policy"),
         help="which cached prefix block leaves first when the pool needs a frame (default %(default)s)")
-    add("--scheduling-policy", default="fcfs", choices=WAITING_ORDERS,
+    add("--scheduling-policy", default="fcfs", type=seam("scheduling_policy"), metavar=names("scheduling_policy"),
         help="the waiting queue's order: first come first served, shortest job first, SJF with aging, "
              "or each request's `priority` field, lower first (vLLM's --scheduling-policy priority) "
              "(default %(default)s)")
-    add("--admission", default="greedy", choices=ADMISSIONS,
+    add("--admission", default="greedy", type=seam("admission"), metavar=names("admission"),
         help="working-set: admit a request only while the running ones' growth fits too, "
              "against thrashing (default %(default)s)")
+    add("--preemption-victim", default=None, type=seam("preemption_victim"), metavar=names("preemption_victim"),
+        help="whom to preempt when frames run out (default: the waiting order's; else the newest)")
     add("--kv-offload-frames", type=number(int, 0), default=0,
         help="the drum: host frames that keep the prefix cache's evicted blocks, copied back on a "
              "hit (0: off; default %(default)s)")
@@ -119,6 +137,7 @@ def engine_options(args) -> dict:
             "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching,
             "speculative_config": args.speculative_config, "prefix_cache_policy": args.prefix_cache_policy,
             "scheduling_policy": args.scheduling_policy, "admission": args.admission,
+            "preemption_victim": args.preemption_victim,
             "kv_offload_frames": args.kv_offload_frames}
 
 

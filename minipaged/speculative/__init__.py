@@ -4,7 +4,9 @@ rolled back past the first wrong guess. `SpeculativeConfig` is vLLM's `speculati
 """
 
 from minipaged.speculative.config import METHODS, SpeculativeConfig
+from minipaged.speculative.decoding import SpeculativeDecoding, make_lookahead
 from minipaged.speculative.draft import DraftLayers
 from minipaged.speculative.ngram import NgramProposer, ngram_propose
 
-__all__ = ["METHODS", "SpeculativeConfig", "NgramProposer", "ngram_propose", "DraftLayers"]
+__all__ = ["METHODS", "SpeculativeConfig", "SpeculativeDecoding", "make_lookahead", "NgramProposer", "ngram_propose", "DraftLayers"]
+

@@ -23,7 +23,7 @@ class DraftLayers:
     def propose(self, rows) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in rows]
         while True:
-            active = [i for i, s in enumerate(rows) if len(drafts[i]) < s.guess_slots]
+            active = [i for i, s in enumerate(rows) if len(drafts[i]) < s.extra_slots]
             if not active:
                 return drafts
             ids = [rows[i].seq.token_ids + drafts[i] for i in active]   # the last one is computed

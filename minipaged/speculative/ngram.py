@@ -26,4 +26,4 @@ class NgramProposer:
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, rows) -> list[list[int]]:
-        return [ngram_propose(s.seq.token_ids, s.guess_slots, self.min_n, self.max_n) for s in rows]
+        return [ngram_propose(s.seq.token_ids, s.extra_slots, self.min_n, self.max_n) for s in rows]

@@ -98,8 +98,3 @@ def text_report(result: dict) -> str:
         if isinstance(r, dict) and "normalized_latency" in r and name != "curves":
             lines.append(f"  {name}: {r['normalized_latency']:.4f} s/token")
     return "\n".join(lines)
-
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

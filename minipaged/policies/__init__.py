@@ -1,0 +1,119 @@
+"""The seams: each decision an idea of the series changes is asked of a policy, named here.
+
+The core (engine, scheduler, runner) is mechanism and asks these; each policy is one file that
+opens with its classic source. A user's own policy plugs in wherever a name is taken: as an
+object, or as a dotted path "package.module:Class" (built with the settings it accepts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+from minipaged.paging import REPLACEMENT_POLICIES
+from minipaged.policies.batching import CONTINUOUS, STATIC, Batching
+from minipaged.policies.defaults import FCFS, Greedy, Newest
+from minipaged.policies.priority import LeastUrgent, Priority
+from minipaged.policies.protocols import Admission, Lookahead, Victim, WaitingOrder
+from minipaged.policies.sjf import SJF, Aging
+from minipaged.policies.working_set import WorkingSet
+
+# option -> {name: policy class}: the seam table of DESIGN.md ("Policy and mechanism"). The
+# prefix cache's replacement seam is paging's own (paging/replacement.py); the tier's is
+# kv_offload_frames, speculation's is speculative_config (minipaged.speculative).
+SEAMS = {
+    "scheduling_policy": {p.name: p for p in (FCFS, SJF, Aging, Priority)},  # the waiting order
+    "admission": {p.name: p for p in (Greedy, WorkingSet)},
+    "preemption_victim": {p.name: p for p in (Newest, LeastUrgent)},
+    "prefix_cache_policy": REPLACEMENT_POLICIES,
+    "scheduler": {b.name: b for b in (CONTINUOUS, STATIC)},  # batching: built-in, no plug-in
+}
+WAITING_ORDERS = tuple(SEAMS["scheduling_policy"])
+ADMISSIONS = tuple(SEAMS["admission"])
+
+
+def make(option: str, spec, **settings):
+    """The policy `spec` names for `option`: a name from SEAMS[option], a "module:Class" path,
+    or an object (returned as it is). A class is built with those of `settings` it accepts."""
+    if not isinstance(spec, str):
+        return spec
+    table = SEAMS[option]
+    if ":" in spec:
+        cls = load(option, spec)
+    elif spec in table:
+        cls = table[spec]
+    else:
+        raise ValueError(f"{option} must be one of {tuple(table)} or a 'module:Class' path, got {spec!r}")
+    if not inspect.isclass(cls):
+        return cls
+    accepted = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in settings.items() if k in accepted})
+
+
+def load(option: str, path: str):
+    """The object at "package.module:Name", or a ValueError naming the option and the path."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(f"{option}={path!r}: cannot load {name!r} from module {module!r} ({error})") from None
+
+
+def name_of(policy) -> str:
+    """A policy's name for messages and metrics: its `name`, else its class name."""
+    return getattr(policy, "name", type(policy).__name__)
+
+
+def scheduler_policies(scheduling_policy="fcfs", admission="greedy", preemption_victim=None,
+                       aging_rate: float = 8.0, admission_window: int = 16) -> tuple:
+    """The scheduler's (waiting order, admission, victim), each from a name, a path or an object;
+    the settings are checked whichever policy reads them. The victim, when not given, is the
+    one the waiting order brings (priority's least urgent), else the newest."""
+    Aging(aging_rate), WorkingSet(admission_window)  # a bad setting is refused by name, always
+    order = make("scheduling_policy", scheduling_policy, aging_rate=aging_rate)
+    admit = make("admission", admission, admission_window=admission_window)
+    if preemption_victim is not None:
+        victim = make("preemption_victim", preemption_victim)
+    else:
+        victim = order.victim() if hasattr(order, "victim") else Newest()
+    return order, admit, victim
+
+
+def check_options(batching: str = "continuous", allocator: str = "paged", chunked_prefill: bool = False,
+                  lookahead: bool = False, prefix_caching: bool = True, offload_frames: int = 0,
+                  offload_path=None) -> None:
+    """Which options combine, in one place: each refusal names both options and why."""
+    static, paged = batching == "static", allocator == "paged"
+    for refused, message in [
+        (chunked_prefill and static, "enable_chunked_prefill needs scheduler='continuous': a static batch "
+                                     "is formed once, so there are no running decodes to share steps with"),
+        (lookahead and static, "speculative decoding (speculative_config) needs scheduler='continuous': a "
+                               "static batch keeps finished rows as padding and never rolls a row back"),
+        (lookahead and not paged, f"speculative decoding (speculative_config) rolls page tables back: it "
+                                  f"needs allocator='paged', not {allocator!r}"),
+        (offload_path is not None and not offload_frames,
+         "kv_offload_path needs kv_offload_frames > 0: the file holds the tier's frames"),
+        (offload_frames and not prefix_caching, "kv_offload_frames keeps the prefix cache's evicted blocks: "
+                                                "it needs enable_prefix_caching=True"),
+        (offload_frames and (not paged or static), f"kv_offload_frames needs allocator='paged' and "
+                                                   f"scheduler='continuous' (their prefix cache), not "
+                                                   f"{allocator!r} and {batching!r}"),
+    ]:
+        if refused:
+            raise ValueError(message)
+
+
+def check_request(order, lookahead, priority, beam_width: int) -> None:
+    """A request's options against the engine's policies (ValueError naming both)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be a whole number (lower runs first), got {priority!r}")
+    if priority and not getattr(order, "uses_priority", False):
+        raise ValueError(f"priority={priority} needs scheduling_policy='priority' (it is {name_of(order)!r})")
+    if beam_width > 1 and lookahead is not None:
+        raise ValueError(f"beam search (beam_width={beam_width}) cannot run with speculative_config: "
+                         "beams fork at every token, guesses need one sequence; use n instead")
+
+
+__all__ = ["SEAMS", "WAITING_ORDERS", "ADMISSIONS", "make", "load", "name_of", "scheduler_policies", "check_options",
+           "check_request", "Batching", "CONTINUOUS", "STATIC", "FCFS", "SJF", "Aging", "Priority", "Greedy",
+           "WorkingSet", "Newest", "LeastUrgent", "WaitingOrder", "Admission", "Victim", "Lookahead"]

@@ -1,0 +1,52 @@
+"""The seams of the scheduler, as protocols: what each policy is asked, and nothing more.
+
+A policy is any object with these methods (no base class needed). The plain defaults are in
+`defaults.py`; each idea of the series is a file of its own beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Protocol
+
+from minipaged.paging import BlockManager
+from minipaged.sequence import Request
+
+
+class WaitingOrder(Protocol):
+    """Which waiting request admission tries next (if it does not fit, nobody else is tried)."""
+    uses_priority: bool  # does it read `request.priority` (vLLM's `priority=`)? Others refuse one
+
+    def pick(self, waiting: Seq[Request], now: int) -> Request:
+        """One of `waiting` (queue order: requests preempted by recompute at the front, then
+        arrivals oldest first); `now` is the scheduler's step count, `request.arrival` its step."""
+
+
+class Admission(Protocol):
+    """May a request join now: the frames admission counts beyond each request's frames now."""
+
+    def growth(self, request: Request, blocks: BlockManager, final_len: int) -> int:
+        """Frames to promise the request's sequences for their growth (0: only what fits now)."""
+
+
+class Victim(Protocol):
+    """Whom to preempt when a running request cannot grow."""
+
+    def choose(self, candidates: Seq[Request]) -> Request:
+        """One of `candidates`: the request that must grow first, then the others not yet
+        scheduled this step, in the order they were admitted (oldest first)."""
+
+
+class Lookahead(Protocol):
+    """Extra tokens a row runs after its next one, checked by the same forward (speculation)."""
+
+    def plan(self, batch, blocks: BlockManager, budget: int, max_model_len: int) -> None:
+        """At the end of `schedule()`: give decode rows `extra` tokens (and their slots,
+        `extra_slots`, from `blocks`) within `budget` tokens; `batch` is then final."""
+
+    def emit(self, row, logits) -> list[int]:
+        """After the forward: the tokens a row with extra tokens emits, from its logits
+        (1 + len(row.extra), vocab): the extra tokens kept, then one of the model's."""
+
+    def settle(self, row, kept: list[int], blocks: BlockManager) -> None:
+        """In `update()`: the row's extra slots hold `kept` (its kept extra tokens); roll back the rest."""
