@@ -1,7 +1,7 @@
-"""Beam search: which beams extend, which fork, which die (the engine applies it to the pages).
+"""Beam search: which beams extend, which fork, which die, applied to the pages by `apply`.
 
 After each forward pass the engine asks `step` what became of its beams (anything with
-`cumulative_logprob` and `output_ids`), then appends to, fork()s or frees them.
+`cumulative_logprob` and `output_ids`); the scheduler then `apply`s it: appends, fork()s, frees.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from minipaged.outputs import CompletionOutput
 from minipaged.sampling import log_softmax, most_likely
 
 
@@ -19,6 +20,19 @@ class Candidate:
     parent: object  # the beam it continues
     token: int
     score: float    # cumulative log probability of the beam with this token
+
+
+@dataclass(slots=True)
+class Hypothesis:
+    """A finished beam: its tokens and score (its sequence's frames are gone or going)."""
+    token_ids: list[int]
+    prompt_len: int
+    cumulative_logprob: float
+    finish_reason: str = "stop"
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
 
 
 @dataclass(slots=True)
@@ -77,3 +91,37 @@ def is_over(live: list, done: list, width: int, max_output_len: int) -> bool:
 def best(beams: list, n: int) -> list:
     """The n best beams, best first."""
     return sorted(beams, key=score, reverse=True)[:n]
+
+
+def apply(request, step: BeamStep, pages, max_model_len: int) -> None:
+    """Apply one step to a request's beams through `pages` (the scheduler: fork_seq, free_seq,
+    finish_seq): finished continuations become hypotheses, dropped beams free their frames,
+    the others fork from their parent (before it appends) or extend it in place."""
+    p = request.params
+    request.done_beams += [Hypothesis(c.parent.token_ids + [c.token], c.parent.prompt_len, c.score) for c in step.done]
+    for seq in step.drop:
+        seq.finish_reason = "pruned"
+        pages.free_seq(seq)
+    live = []
+    for c in step.fork + step.extend:  # children fork before their parent appends
+        seq = pages.fork_seq(c.parent) if c in step.fork else c.parent
+        seq.token_ids.append(c.token)
+        seq.cumulative_logprob = c.score
+        live.append(seq)
+    request.seqs = live
+    for i, seq in enumerate(live):
+        seq.index = i
+    max_output_len = min(p.max_tokens, max_model_len - len(request.prompt_token_ids))
+    if is_over(live, request.done_beams, p.beam_width, max_output_len):
+        for seq in live:
+            at_limit = len(seq.output_ids) >= max_output_len
+            pages.finish_seq(request, seq, "length" if at_limit else "pruned")
+            if at_limit:
+                request.done_beams.append(seq)
+
+
+def outputs(request, decode) -> list[CompletionOutput]:
+    """The n best hypotheses of a finished search, best first (aborted: its live beams count too)."""
+    aborted = [s for s in request.seqs if s.finish_reason == "abort"]
+    return [CompletionOutput(i, decode(s.output_ids), s.output_ids, s.finish_reason, s.cumulative_logprob)
+            for i, s in enumerate(best(request.done_beams + aborted, request.params.n))]

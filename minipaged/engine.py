@@ -8,28 +8,17 @@ flat inputs -> the model computes logits -> the sampler (or beam search) picks t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from minipaged import beam, policies
 from minipaged.config import EngineConfig
 from minipaged.model import IncrementalDetokenizer, Model, Tokenizer
-from minipaged.outputs import CompletionOutput, RequestOutput, StepReport
+from minipaged.outputs import CompletionOutput, ExtraRow, RequestOutput, StepReport
 from minipaged.paging import SWAP_SPACE, KVCache, default_kv_memory, num_blocks_for_memory
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
 from minipaged.scheduler import Batch, Request, Scheduler, Sequence, Status
-
-
-@dataclass(slots=True)
-class ExtraRow:
-    """A row that ran extra tokens this step (for the StepReport): how many, emitted, kept."""
-    request_id: str
-    index: int
-    extra: int    # extra tokens computed after its next one
-    emitted: int  # tokens the lookahead emitted (the kept extra tokens and one more)
-    kept: int     # extra tokens kept, after a stop cut the run short
 
 
 class LLMEngine:
@@ -60,8 +49,8 @@ class LLMEngine:
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0) -> None:
         """Queue a request: prompt is a string or {"prompt_token_ids": [...]}; `priority` (vLLM's:
-        lower runs first) needs scheduling_policy="priority". A bad request raises ValueError
-        saying what was wrong, and nothing is queued."""
+        lower runs first) needs a waiting order that reads it (scheduling_policy). A bad request
+        raises ValueError saying what was wrong, and nothing is queued."""
         params = SamplingParams() if params is None else params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -96,31 +85,20 @@ class LLMEngine:
 
     def step(self) -> StepReport:
         """Schedule, move memory, run the model once, sample, and finish what is done."""
-        start, taken, released = time.perf_counter(), self.blocks.frames_taken, self.blocks.frames_released
+        start, before = time.perf_counter(), (self.blocks.frames_taken, self.blocks.frames_released)
         batch = self.scheduler.schedule()
         if not batch.scheduled and self.has_unfinished_requests():
             raise RuntimeError("the scheduler could not schedule any request (this is a bug: "
                                "requests that can never fit are rejected by add_request)")
         self.runner.move(batch.moves)
-        finished, extra, guesses = [], {}, []
+        finished, extra, rows = [], {}, []
         if batch.scheduled:
-            extra = self.lookahead.propose(batch) if self.lookahead is not None else {}
+            extra = self.lookahead.propose(batch) if self.lookahead is not None else {}  # seq -> extra tokens
             logits = self.runner.run(self.runner.prepare(batch, extra))     # (num_seqs + extra tokens, vocab)
-            done, guesses = self._sample_and_update(batch, logits, extra)
+            done, rows = self._sample_and_update(batch, logits, extra)
             finished = [self._finish(r) for r in done]
         self.step_count += 1
-        return StepReport(
-            step=self.step_count - 1,
-            ran=[(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens + len(extra.get(s.seq, ())))
-                 for s in batch.scheduled],
-            frames_taken=self.blocks.frames_taken - taken, frames_freed=self.blocks.frames_released - released,
-            free_frames=self.blocks.num_free_frames, copies=len(batch.moves.copies),
-            swapped_out=len(batch.moves.swap_out), swapped_in=len(batch.moves.swap_in),
-            cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
-            seconds=time.perf_counter() - start,
-            padded=[(request.request_id, seq.index) for request, seq in batch.padding],
-            guessed=sum(map(len, extra.values())), accepted=sum(g.emitted - 1 for g in guesses),
-            guesses=[(g.request_id, g.index, g.extra, g.kept) for g in guesses])
+        return StepReport.of(self.step_count - 1, batch, extra, rows, finished, self.blocks, before, start)
 
     # ---- inside a step -----------------------------------------------------------------------
     def _sample_and_update(self, batch: Batch, logits: np.ndarray, extra: dict) -> tuple[list[Request], list]:
@@ -140,49 +118,23 @@ class LLMEngine:
         picked = sample(np.stack([row for *_, row in plain]), [r.params for r, *_ in plain],
                         [seq.generator.at(len(seq.token_ids)) for _, seq, _ in plain]) if plain else []
         emitted.update({seq: (request, [int(token)]) for (request, seq, _), token in zip(plain, picked)})
-        kept, stopped = self._cut_at_stops(emitted)
+        kept, stopped = {}, set()  # each one's tokens up to the first that ends its text
+        for seq, (request, tokens) in emitted.items():
+            kept[seq], stop = seq.keep_until_stop(tokens, request.params, self.eos_token_ids)
+            if stop:
+                stopped.add(seq)
         for s in batch.scheduled:
             if s.extra_slots:  # its slots hold the extra tokens kept; the rest roll back
                 self.lookahead.settle(s, kept[s.seq][:-1])
-        steps = {request: beam.step(pairs, request.params.beam_width, lambda t, p=request.params: self._ends(t, p))
+        ends = self.eos_token_ids
+        steps = {request: beam.step(pairs, request.params.beam_width, lambda t, p=request.params: p.ends(t, ends))
                  for request, pairs in beams.items()}
         finished = self.scheduler.update(batch, {seq: t[-1] for seq, t in kept.items()}, stopped, steps,
                                          {seq: t[:-1] for seq, t in kept.items()})
         for seq, (request, _) in emitted.items():
-            # text that could still become a stop string waits
-            seq.released = len(seq.text) if seq.finished else len(seq.text) - held_back(seq.text, request.params.stop)
+            seq.release(request.params.stop)
         return finished, [ExtraRow(s.request.request_id, s.seq.index, len(extra[s.seq]), len(emitted[s.seq][1]),
                                    len(kept[s.seq]) - 1) for s in batch.scheduled if s.seq in extra]
-
-    def _cut_at_stops(self, emitted: dict) -> tuple[dict, set]:
-        """Each sequence's emitted tokens up to the first that stops it (eos, a stop token, a stop
-        string), as one token at a time would have stopped; and the sequences that stopped."""
-        kept, stopped = {}, set()
-        for seq, (request, tokens) in emitted.items():
-            kept[seq] = []
-            for token in tokens:
-                kept[seq].append(token)
-                if self._stops(request.params, seq, token):
-                    stopped.add(seq)
-                    break
-        return kept, stopped
-
-    def _stops(self, p: SamplingParams, seq: Sequence, token: int) -> bool:
-        """Does this token end the sequence's text: eos, a stop token, or a stop string now in
-        its text (cut off there)? Adds the token's text to seq.text."""
-        if self._ends(token, p):
-            return True
-        new = seq.detokenizer.add(token)
-        seq.text += new
-        # a stop string that appears now ends in the new text: look only where it could start
-        start = max(0, len(seq.text) - len(new) - max(map(len, p.stop), default=1) + 1)
-        found = [i for stop in p.stop if (i := seq.text.find(stop, start)) >= 0]
-        if found:
-            seq.text = seq.text[:min(found)]
-        return bool(found)
-
-    def _ends(self, token: int, params: SamplingParams) -> bool:
-        return (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
 
     # ---- requests in and out -------------------------------------------------------------------
     def _check_request(self, prompt, params, priority: int = 0) -> tuple[str | None, list[int]]:
@@ -239,22 +191,11 @@ class LLMEngine:
         return self._output(request)
 
     def _output(self, request: Request) -> RequestOutput:
-        if request.beam_search:
-            aborted = [s for s in request.seqs if s.finish_reason == "abort"]
-            best = beam.best(request.done_beams + aborted, request.params.n)
-            outputs = [CompletionOutput(i, self.tokenizer.decode(s.output_ids), s.output_ids,
-                                        s.finish_reason, s.cumulative_logprob) for i, s in enumerate(best)]
-        else:
-            outputs = [CompletionOutput(s.index, s.text, s.output_ids, s.finish_reason) for s in request.seqs]
+        outputs = beam.outputs(request, self.tokenizer.decode) if request.beam_search else \
+            [CompletionOutput(s.index, s.text, s.output_ids, s.finish_reason) for s in request.seqs]
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
                              finished=request.status is Status.FINISHED,
                              num_cached_tokens=request.num_cached_tokens)
-
-
-def held_back(text: str, stops: list[str]) -> int:
-    """How many characters at the end of `text` could be the start of a stop string."""
-    return max((k for stop in stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
-                if text.endswith(stop[:k])), default=0)
 
 
 def check_text(text, name: str) -> str:

@@ -7,6 +7,7 @@ line of text or, collected over a run, a timeline picture (minipaged.viz).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -31,6 +32,16 @@ class RequestOutput:
 
 
 @dataclass(slots=True)
+class ExtraRow:
+    """A row that ran extra tokens in a step (speculation's guesses): how many, emitted, kept."""
+    request_id: str
+    index: int
+    extra: int    # extra tokens computed after its next one
+    emitted: int  # tokens emitted: the extra tokens the model agreed with, and one of its own
+    kept: int     # extra tokens kept, after a stop cut the run short
+
+
+@dataclass(slots=True)
 class StepReport:
     """What one step did: print it for a line, collect them for a timeline picture."""
     step: int
@@ -50,6 +61,22 @@ class StepReport:
     accepted: int = 0                      # of those, the ones the model agreed with
     guesses: list[tuple[str, int, int, int]] = field(default_factory=list)  # per row: (request_id,
     #   seq index, guessed, kept); the guessed - kept slots were rolled back
+
+    @classmethod
+    def of(cls, step: int, batch, extra: dict, rows: list[ExtraRow], finished: list[RequestOutput], blocks,
+           before: tuple[int, int], start: float) -> StepReport:
+        """The report of a step that ran `batch` (its rows' `extra` tokens; `rows`, the ones that
+        ran some) over `blocks`, whose frames_taken and frames_released were `before` at `start`."""
+        return cls(step, ran=[(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens + len(extra.get(s.seq, ())))
+                              for s in batch.scheduled],
+                   frames_taken=blocks.frames_taken - before[0], frames_freed=blocks.frames_released - before[1],
+                   free_frames=blocks.num_free_frames, copies=len(batch.moves.copies),
+                   swapped_out=len(batch.moves.swap_out), swapped_in=len(batch.moves.swap_in),
+                   cached_tokens=batch.cached_tokens, preempted=batch.preempted, finished=finished,
+                   seconds=time.perf_counter() - start,
+                   padded=[(request.request_id, seq.index) for request, seq in batch.padding],
+                   guessed=sum(map(len, extra.values())), accepted=sum(r.emitted - 1 for r in rows),
+                   guesses=[(r.request_id, r.index, r.extra, r.kept) for r in rows])
 
     @property
     def padding(self) -> int:

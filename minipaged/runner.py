@@ -107,7 +107,7 @@ class ModelRunner:
 
     def run(self, inputs: StepInputs, model: Model | None = None) -> np.ndarray:
         """Logits (sum(num_logits), vocab): of each row's last token, or its last num_logits[i]
-        tokens. `model` runs instead of the runner's (a draft sharing its weights and cache)."""
+        tokens. `model` runs instead of the runner's (a smaller one sharing its weights and cache)."""
         ends = np.cumsum(inputs.query_lens)                     # (num_seqs,) one past each row
         rows = ends - 1 if inputs.num_logits is None else \
             np.concatenate([np.arange(end - n, end) for end, n in zip(ends, inputs.num_logits)])

@@ -73,6 +73,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
 
+    def ends(self, token: int, eos_token_ids) -> bool:
+        """Does this token end the text: an end-of-sequence token (unless ignore_eos), or a stop token?"""
+        return (token in eos_token_ids and not self.ignore_eos) or token in self.stop_token_ids
+
 
 def is_int(value) -> bool:
     """A Python or NumPy integer, not a bool."""

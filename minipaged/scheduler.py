@@ -94,7 +94,7 @@ class Scheduler:
        fit (`_fits`): their frames, keeping a small watermark free so running sequences can
        grow, and what `admission` promises to growth; within `max_num_seqs` sequences and
        `max_num_batched_tokens` tokens per step.
-    4. A `lookahead` (speculation) may give decode rows slots for extra tokens.
+    4. A `lookahead` may give decode rows slots for extra tokens, checked by the same forward.
 
     Prefill and decode share a step: a newly admitted prompt joins the running decodes at once.
     With `chunked_prefill`, decodes go first and a prompt takes what is left of the token budget,
@@ -117,7 +117,7 @@ class Scheduler:
         self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}  # (seq, samplers) left
         self.watermark_frames = int(config.watermark * blocks.num_frames)
         self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
-        self.steps = 0                    # schedule() calls so far: the clock waits are counted on
+        self.steps = 0                    # schedule() calls so far: the time waits are counted in
 
     def add(self, request: Request, priority: int = 0) -> None:
         request.arrival, request.priority = self.steps, priority
@@ -166,11 +166,11 @@ class Scheduler:
             seq.token_ids += [*accepted.get(seq, ()), token]
             request = request_of[seq]
             if seq in stopped:
-                self._finish_seq(request, seq, "stop")
+                self.finish_seq(request, seq, "stop")
             elif len(seq.output_ids) >= request.params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
-                self._finish_seq(request, seq, "length")
+                self.finish_seq(request, seq, "length")
         for request, step in (beams or {}).items():
-            self._apply_beam_step(request, step)
+            beam.apply(request, step, self, self.config.max_model_len)
         finished = [r for r in dict.fromkeys(s.request for s in batch.scheduled) if not r.live]
         for request in finished:
             self.finish(request)
@@ -179,7 +179,7 @@ class Scheduler:
     def abort(self, request: Request) -> None:
         """Stop a request now, wherever it is, and free its frames."""
         for seq in request.live:
-            self._finish_seq(request, seq, "abort")
+            self.finish_seq(request, seq, "abort")
         self.finish(request)
 
     def finish(self, request: Request) -> None:
@@ -192,7 +192,7 @@ class Scheduler:
         request.status = Status.FINISHED
         if not self.running:
             for _, seq in self.padding:
-                self._free_seq(seq)
+                self.free_seq(seq)
             self.padding.clear()
 
     def worst_case_frames(self, prompt_len: int, params) -> int:
@@ -209,43 +209,19 @@ class Scheduler:
         child.num_computed = parent.num_computed
         return child
 
-    def _apply_beam_step(self, request: Request, step: beam.BeamStep) -> None:
-        """Apply one step of beam search (minipaged.beam): fork, extend and drop beams."""
-        for c in step.done:
-            request.done_beams.append(Sequence(-1, c.parent.token_ids + [c.token], c.parent.prompt_len,
-                                               cumulative_logprob=c.score, finish_reason="stop"))
-        for seq in step.drop:
-            seq.finish_reason = "pruned"
-            self._free_seq(seq)
-        live = []
-        for c in step.fork + step.extend:  # children fork before their parent appends
-            seq = c.parent
-            if c in step.fork:
-                seq = self._fork(c.parent, Sequence(self.new_seq_id(), list(c.parent.token_ids),
-                                                    c.parent.prompt_len))
-            seq.token_ids.append(c.token)
-            seq.cumulative_logprob = c.score
-            live.append(seq)
-        request.seqs = live
-        for i, seq in enumerate(live):
-            seq.index = i
-        max_output_len = min(request.params.max_tokens, self.config.max_model_len - len(request.prompt_token_ids))
-        if beam.is_over(live, request.done_beams, request.params.beam_width, max_output_len):
-            for seq in live:
-                at_limit = len(seq.output_ids) >= max_output_len
-                self._finish_seq(request, seq, "length" if at_limit else "pruned")
-                if at_limit:
-                    request.done_beams.append(seq)
+    def fork_seq(self, parent: Sequence) -> Sequence:
+        """A new sequence forked from `parent`, with its tokens so far (a beam that branches)."""
+        return self._fork(parent, Sequence(self.new_seq_id(), list(parent.token_ids), parent.prompt_len))
 
-    def _finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
+    def finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
         """A sequence is done: its frames go back at once (static: at the end of its batch)."""
         seq.finish_reason = reason
         if self.batching.keeps_finished_rows and self.blocks.has(seq.seq_id):
             self.padding.append((request, seq))
         else:
-            self._free_seq(seq)
+            self.free_seq(seq)
 
-    def _free_seq(self, seq: Sequence) -> None:
+    def free_seq(self, seq: Sequence) -> None:
         """Release a sequence's frames now (a pruned beam, the end of a batch, an abort)."""
         if self.blocks.has(seq.seq_id):
             self.blocks.free(seq.seq_id, seq.num_computed)

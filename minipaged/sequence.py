@@ -33,6 +33,30 @@ class Sequence:
     text: str = ""
     released: int = 0             # characters of `text` handed out (the rest may start a stop string)
 
+    def keep_until_stop(self, tokens: list[int], params: SamplingParams, eos_token_ids) -> tuple[list[int], bool]:
+        """Add the tokens' text up to the first token that ends it (eos, a stop token, or a stop
+        string, cut off there), as one token at a time would have stopped: those tokens, and
+        whether one ended it."""
+        for i, token in enumerate(tokens):
+            if params.ends(token, eos_token_ids) or self.add_text(token, params.stop):
+                return list(tokens[:i + 1]), True
+        return list(tokens), False
+
+    def add_text(self, token: int, stops: list[str]) -> bool:
+        """Append the token's text; True when a stop string now appears in it (cut off there).
+        A stop string that appears now ends in the new text: look only where it could start."""
+        new = self.detokenizer.add(token)
+        self.text += new
+        start = max(0, len(self.text) - len(new) - max(map(len, stops), default=1) + 1)
+        found = [i for stop in stops if (i := self.text.find(stop, start)) >= 0]
+        if found:
+            self.text = self.text[:min(found)]
+        return bool(found)
+
+    def release(self, stops: list[str]) -> None:
+        """Hand out the text so far, but for an end that could still become a stop string."""
+        self.released = len(self.text) if self.finished else len(self.text) - held_back(self.text, stops)
+
     @property
     def released_text(self) -> str:
         """The text handed out so far (what follows may still turn out to be a stop string)."""
@@ -73,3 +97,9 @@ class Request:
     def width(self) -> int:
         """Sequences it may run at once: its live samples, or beam_width (beams fork later)."""
         return self.params.beam_width if self.beam_search else len(self.live)
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string."""
+    return max((k for stop in stops for k in range(min(len(stop) - 1, len(text)), 0, -1)
+                if text.endswith(stop[:k])), default=0)
