@@ -14,6 +14,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
+from minipaged import policies
 from minipaged.backend import default_dtype, fit_blas_threads, resolve_device
 from minipaged.engine import EngineConfig, LLMEngine
 from minipaged.model import DEFAULT_MODEL, Model, Tokenizer, resolve_model
@@ -144,6 +145,22 @@ class LLM:
         if request_id in self.engine.requests:
             return self.engine.abort_request(request_id)
         return self.unclaimed.pop(request_id, None)
+
+
+def policy(option: str):
+    """An argparse `type=` for a seam's option (minipaged.policies): a policy's name or a
+    "module:Class" path, built at once, so a typo or a missing module is argparse's one line
+    and exit code 2 before any work starts. `.metavar` lists the names."""
+    def parse(text: str) -> str:
+        try:
+            policies.make(option, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+
+    parse.__name__ = option
+    parse.metavar = "{" + ",".join(policies.SEAMS[option]) + ",module:Class}"
+    return parse
 
 
 def number(kind=int, minimum: float | None = None, maximum: float | None = None,

@@ -141,8 +141,8 @@ print(f"greedy admission: {len(greedy_reports)} steps, {sum(len(r.preempted) for
 # (default 16): each running sequence will take the frames its next `admission_window` tokens
 # need (no more than its `max_tokens` allows), and a request is admitted only while those
 # frames, its own prompt's and its own growth fit among the free ones. An idle engine still
-# admits whatever fits alone, so nothing ever waits forever. `Scheduler._growth` is the whole
-# rule, a few lines.
+# admits whatever fits alone, so nothing ever waits forever. `WorkingSet.growth`
+# (`minipaged/policies/working_set.py`) is the whole rule, a few lines.
 
 # %%
 ws_reports, ws_tokens = run_engine(admission="working-set")

@@ -140,7 +140,7 @@ display(BarChart("longest wait before running (simulated, cpu-smollm2)", list(ro
 # A long job of 50 tokens waits with one seat, and a short job of 4 tokens arrives at every
 # step, each holding the seat for 2 steps: faster than the seat serves them. Under SJF the long
 # job is never the smallest. Under aging it waits only for requests that arrived fewer than
-# (50 - 1) / `aging_rate` steps after it (the bound in `Scheduler._next_waiting`'s docstring).
+# (50 - 1) / `aging_rate` steps after it (the bound in `Aging`'s docstring, `minipaged/policies/sjf.py`).
 
 # %%
 def stream(policy: str, aging_rate: float, steps: int = 400):
@@ -217,7 +217,8 @@ display(Markdown("\n".join(f"- {outputs['fcfs'][str(i)]!r}" for i in range(len(p
 # %% [markdown]
 # **Exercise 2.** In the admission example above, give the 40-token request `priority=-1` under
 # `"priority"`. Then explain why, under `"sjf"`, a request preempted by recompute still goes
-# back in first even when a smaller one waits (look at `Scheduler._next_waiting`).
+# back in first even when a smaller one waits (look at `SJF.pick` in
+# `minipaged/policies/sjf.py`).
 
 # %% [markdown]
 # <details><summary>Solution 2</summary>

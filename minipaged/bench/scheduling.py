@@ -16,7 +16,7 @@ from minipaged.bench.common import load, model_arguments, random_prompts, show
 from minipaged.bench.latency import step_shape
 from minipaged.bench.simulate import PROFILES, Profile, Simulator, poisson_trace, trace_specs
 from minipaged.bench.workload import RequestSpec
-from minipaged.llm import number
+from minipaged.llm import number, policy
 from minipaged.scheduler import WAITING_ORDERS
 from minipaged.viz import BarChart
 
@@ -32,7 +32,9 @@ def add_arguments(parser) -> None:
                              "serve, so a queue forms)")
     parser.add_argument("--max-num-seqs", type=number(int, 1), default=4,
                         help="seats in the engine's batch: more requests wait (default %(default)s)")
-    parser.add_argument("--policies", nargs="+", choices=WAITING_ORDERS, default=list(WAITING_ORDERS))
+    parser.add_argument("--policies", nargs="+", type=policy("scheduling_policy"), default=list(WAITING_ORDERS),
+                        metavar="POLICY", help="waiting orders to compare: names of "
+                        f"{', '.join(WAITING_ORDERS)}, or one's own as module:Class (default: all names)")
     parser.add_argument("--aging-rate", type=number(float, above=0), default=4.0,
                         help="aging on the engine: job-size tokens forgiven per step waited (default %(default)s)")
     parser.add_argument("--sim-requests", type=number(int, 4), default=600,

@@ -18,8 +18,7 @@ import time
 
 import uvicorn
 
-from minipaged import policies
-from minipaged.llm import CommandParser, number
+from minipaged.llm import CommandParser, number, policy
 from minipaged.serve.api import Server, ServerConfig
 from minipaged.speculative import SpeculativeConfig
 
@@ -46,20 +45,9 @@ def size(text: str) -> int:
     return int(match[1]) * 1024 ** " KMG".index((match[2] or " ").upper())
 
 
-def seam(option: str):
-    """argparse type of a seam's option: a policy's name or "module:Class", built now, so a typo
-    or a missing module is one line before the model loads."""
-    def parse(text: str) -> str:
-        try:
-            policies.make(option, text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-        return text
-    return parse
-
-
-def names(option: str) -> str:
-    return "{" + ",".join(policies.SEAMS[option]) + ",module:Class}"
+def seam(option: str) -> dict:
+    """add_argument's type and metavar for a seam's option (a name, or module:Class)."""
+    return {"type": policy(option), "metavar": policy(option).metavar}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,16 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     # the series' old systems ideas (docs/09_replacement.md to docs/12_drum.md), each a choice of the engine
     # each takes a name or a policy of one's own, "module:Class" (importable from here)
-    add("--prefix-cache-policy", default="lru", type=seam("prefix_cache_policy"), metavar=names("prefix_cache_policy"),
+    add("--prefix-cache-policy", default="lru", **seam("prefix_cache_policy"),
         help="which cached prefix block leaves first when the pool needs a frame (default %(default)s)")
-    add("--scheduling-policy", default="fcfs", type=seam("scheduling_policy"), metavar=names("scheduling_policy"),
+    add("--scheduling-policy", default="fcfs", **seam("scheduling_policy"),
         help="the waiting queue's order: first come first served, shortest job first, SJF with aging, "
              "or each request's `priority` field, lower first (vLLM's --scheduling-policy priority) "
              "(default %(default)s)")
-    add("--admission", default="greedy", type=seam("admission"), metavar=names("admission"),
+    add("--admission", default="greedy", **seam("admission"),
         help="working-set: admit a request only while the running ones' growth fits too, "
              "against thrashing (default %(default)s)")
-    add("--preemption-victim", default=None, type=seam("preemption_victim"), metavar=names("preemption_victim"),
+    add("--preemption-victim", default=None, **seam("preemption_victim"),
         help="whom to preempt when frames run out (default: the waiting order's; else the newest)")
     add("--kv-offload-frames", type=number(int, 0), default=0,
         help="the drum: host frames that keep the prefix cache's evicted blocks, copied back on a "
