@@ -16,11 +16,11 @@ import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
-from minipaged.backend import fit_blas_threads
 from minipaged.llm import LLM, CommandParser, number
 from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
 from minipaged.viz import FrameMap
+from minipaged.model.cpu import fit_blas_threads
 from minipaged.model.weights import DEFAULT_MODEL, resolve_model
 
 COMMANDS = {

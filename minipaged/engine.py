@@ -93,6 +93,7 @@ class LLMEngine:
         self.runner.move(batch.moves)
         finished, extra, rows = [], {}, []
         if batch.scheduled:
+            self.model.follow_machine_load()  # on a shared CPU: as many BLAS threads as cores are free
             extra = self.lookahead.propose(batch) if self.lookahead is not None else {}  # seq -> extra tokens
             logits = self.runner.run(self.runner.prepare(batch, extra))     # (num_seqs + extra tokens, vocab)
             done, rows = self._sample_and_update(batch, logits, extra)

@@ -15,9 +15,10 @@ from typing import Iterator
 from tqdm import tqdm
 
 from minipaged import policies
-from minipaged.backend import default_dtype, fit_blas_threads, resolve_device
+from minipaged.backend import default_dtype, resolve_device
 from minipaged.engine import EngineConfig, LLMEngine
 from minipaged.model import DEFAULT_MODEL, Model, Tokenizer, resolve_model
+from minipaged.model.cpu import fit_blas_threads
 from minipaged.outputs import RequestOutput, rejected
 from minipaged.sampling import SamplingParams
 

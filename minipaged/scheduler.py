@@ -68,17 +68,14 @@ class SchedulerConfig:
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.batching not in policies.SEAMS["scheduler"]:
             raise ValueError(f"scheduler must be one of {sorted(policies.SEAMS['scheduler'])}, got {self.batching!r}")
-        policies.check_options(batching=self.batching, chunked_prefill=self.chunked_prefill)
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
             self.max_num_batched_tokens = 512 if self.chunked_prefill else max(4096, self.max_model_len)
-        if self.max_num_batched_tokens < self.max_model_len and not self.chunked_prefill:
-            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
-                             f"{self.max_model_len}: a long prompt could never be prefilled (unless "
-                             "enable_chunked_prefill=True)")
+        policies.check_options(batching=self.batching, chunked_prefill=self.chunked_prefill,
+                               max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
 
 
 class Scheduler:

@@ -1,4 +1,5 @@
-"""Device choice: NumPy without a GPU, a clear error when CUDA is asked for and missing."""
+"""Device choice: NumPy without a GPU, a clear error when CUDA is asked for and missing; and how a
+projection runs on this CPU (minipaged.model.cpu): BLAS threads fitted to the load, weight panels."""
 
 import os
 import re
@@ -8,8 +9,11 @@ import time
 
 import numpy as np
 import pytest
+from checkpoints import write_checkpoint
 
 from minipaged import backend
+from minipaged.model import Model, cpu
+from minipaged.model.oracle import ContiguousKVCache
 
 
 def test_cpu_is_numpy(monkeypatch):
@@ -67,11 +71,11 @@ def blas_threads():
 
 
 def test_blas_gets_the_cores_nobody_else_is_using(monkeypatch, blas_threads):
-    most = backend.blas_threads_at_start()
+    most = cpu.blas_threads_at_start()
     cores = len(os.sched_getaffinity(0))
     for busy, expected in [(0, min(most, cores)), (cores - 1, 1), (cores + 5, 1)]:
-        monkeypatch.setattr(backend, "busy_cores", lambda samples, busy=busy: busy)
-        assert backend.fit_blas_threads() == expected
+        monkeypatch.setattr(cpu, "busy_cores", lambda samples, busy=busy: busy)
+        assert cpu.fit_blas_threads() == expected
         assert blas_threads() == {expected}
 
 
@@ -79,7 +83,7 @@ def test_busy_cores_sees_a_competing_process():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)   # running, not starting up
-        assert backend.busy_cores(samples=5) >= 1
+        assert cpu.busy_cores(samples=5) >= 1
     finally:
         spinner.kill()
         spinner.wait()
@@ -93,30 +97,30 @@ def test_panel_weight_multiplies_as_the_plain_matrix(shape, rows):
     rng = np.random.default_rng(rows)
     w = rng.standard_normal(shape, dtype=np.float32)
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32)
-    out = x @ backend.PanelWeight(w)
-    np.testing.assert_allclose(x @ backend.PanelWeight(np.ascontiguousarray(w.T).T), out)  # a transposed view
+    out = x @ cpu.PanelWeight(w)
+    np.testing.assert_allclose(x @ cpu.PanelWeight(np.ascontiguousarray(w.T).T), out)  # a transposed view
     assert type(out) is np.ndarray and out.shape == (rows, shape[1]) and out.dtype == np.float32
     np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
-    np.testing.assert_array_equal(backend.PanelWeight(w).dense(), w)
+    np.testing.assert_array_equal(cpu.PanelWeight(w).dense(), w)
 
 
 def test_panel_weight_says_what_does_not_match():
     with pytest.raises(ValueError, match=r"x @ w: x \(2, 4\) does not match a weight of shape \(3, 5\)"):
-        np.ones((2, 4), np.float32) @ backend.PanelWeight(np.ones((3, 5), np.float32))
+        np.ones((2, 4), np.float32) @ cpu.PanelWeight(np.ones((3, 5), np.float32))
 
 
 def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
     """Unset, the machine's own timing decides; MINIPAGED_CPU_PANELS=0/1 decides without asking."""
     w = np.ones((4, 6), np.float32)
     monkeypatch.delenv("MINIPAGED_CPU_PANELS", raising=False)
-    for pays, kind in [(True, backend.PanelWeight), (False, np.ndarray)]:
-        monkeypatch.setattr(backend, "panels_pay", lambda pays=pays: pays)
-        assert type(backend.projection_weight(w, np, np.float32)) is kind
+    for pays, kind in [(True, cpu.PanelWeight), (False, np.ndarray)]:
+        monkeypatch.setattr(cpu, "panels_pay", lambda pays=pays: pays)
+        assert type(cpu.projection_weight(w, np, np.float32)) is kind
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "1")
-    assert isinstance(backend.projection_weight(w, np, np.float32), backend.PanelWeight)
+    assert isinstance(cpu.projection_weight(w, np, np.float32), cpu.PanelWeight)
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
-    monkeypatch.setattr(backend, "panels_pay", lambda: True)
-    plain = backend.projection_weight(w.T.astype(np.float64).T, np, np.float32)  # (in, out) view of (out, in)
+    monkeypatch.setattr(cpu, "panels_pay", lambda: True)
+    plain = cpu.projection_weight(w.T.astype(np.float64).T, np, np.float32)  # (in, out) view of (out, in)
     assert type(plain) is np.ndarray and plain.dtype == np.float32 and plain.flags.c_contiguous
     np.testing.assert_array_equal(plain, w)
 
@@ -124,28 +128,65 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
 def test_the_panels_are_split_over_the_free_cores(monkeypatch):
     """Each core gets its own contiguous share of the panels, and together they cover all."""
     seen = []
-    monkeypatch.setattr(backend._cores, "now", 3)
-    monkeypatch.setattr(backend, "follow_machine_load", lambda: 3)
-    backend._split(lambda lo, hi: seen.append((lo, hi)), 10)
+    monkeypatch.setattr(cpu._cores, "now", 3)
+    cpu._split(lambda lo, hi: seen.append((lo, hi)), 10)
     assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
 
 
 def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
     """One cheap look every `period` seconds; the median of the last five decides; BLAS follows."""
-    cores = backend._Cores(period=0.0)
-    monkeypatch.setattr(backend, "_usable_cores", lambda: {0, 1})
-    monkeypatch.setattr(backend, "blas_threads_at_start", lambda: 2)
+    cores = cpu._Cores(period=0.0)
+    monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
     looks = iter([0, 0, 0, 1, 1, 1, 1, 1, 0])
-    monkeypatch.setattr(backend, "busy_cores", lambda samples: next(looks))
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples: next(looks))
     seen = []
     for _ in range(9):
         cores.follow()
         seen.append(cores.now)
     assert seen == [2, 2, 2, 2, 2, 1, 1, 1, 1]   # a neighbour for three looks out of five: one core
     assert blas_threads() == {1}
-    monkeypatch.setattr(backend, "busy_cores", lambda samples: 0)
-    slow = backend._Cores(period=3600)
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples: 0)
+    slow = cpu._Cores(period=3600)
     slow.follow()
     slow.now = 7
     slow.follow()   # within the period: no look, no change
     assert slow.now == 7
+
+
+def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
+    """The load is followed between steps (Model.follow_machine_load), not inside forward: forwards
+    alone never look at the machine; a step each looks at /proc once in a short span, not each time."""
+    follows, looks = [], []
+    follow = cpu.follow_machine_load
+    monkeypatch.setattr(cpu, "follow_machine_load", lambda: follows.append(1) or follow())
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples: looks.append(samples) or 0)
+    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=60))   # never looked yet: its first call looks
+    monkeypatch.setattr(cpu, "_set_blas_threads", lambda threads: None)
+    model = Model.from_folder(write_checkpoint(tmp_path))
+    cache = ContiguousKVCache(model.config, 1, 16, np, model.dtype)
+
+    def decode(token):
+        return model.forward([token], cache.begin_step([0], [1]), cache)
+
+    for token in [1, 7, 12]:
+        decode(token)
+    assert follows == [] and looks == []
+    for token in [30, 5, 44, 9]:
+        model.follow_machine_load()
+        decode(token)
+    assert len(follows) == 4 and looks == [1]
+
+
+def test_each_engine_step_that_runs_the_model_follows_the_load_once(tmp_path, monkeypatch):
+    """The engine asks the model to follow the machine's load before each forward, once a step."""
+    from minipaged import LLM, SamplingParams
+    follows = []
+    monkeypatch.setattr(cpu, "follow_machine_load", lambda: follows.append(1))
+    engine = LLM(str(write_checkpoint(tmp_path)), device="cpu", num_blocks=16).engine
+    engine.add_request("r", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=5, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished_requests() and steps < 20:
+        engine.step()
+        steps += 1
+    assert steps == 5 and len(follows) == 5

@@ -16,7 +16,7 @@ from minipaged.bench import drum
 from minipaged.bench import replacement
 from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, speculative, throughput
 from minipaged.bench import scheduling, thrashing
-from minipaged.bench.common import OptionError
+from minipaged.bench.common import OptionError, check_output_files
 
 DESCRIPTION = """\
 Measure what the vLLM paper measures, on this machine: decode speed, KV-cache memory
@@ -111,8 +111,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     fn = COMMANDS[args.name][0]
     try:
+        check_output_files(args)  # before any work: a file it could not write at the end is refused now
         result = fn(args)
-    except OptionError as error:  # found once the model is loaded: one line, exit code 2, as the parser's
+    except OptionError as error:  # found after parsing: one line, exit code 2, as the parser's
         CommandParser(prog=f"{parser.prog} {args.name}").error(str(error))
     except SystemExit as stop:  # a benchmark that cannot run here says why: as JSON too
         if args.json and isinstance(stop.code, str):

@@ -7,6 +7,8 @@ Written once here so that every benchmark serves the same prompts on the same se
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from minipaged.llm import number
@@ -22,7 +24,7 @@ def load(args, **options):
     No such model, no usable GPU, engine options the engine refuses, or a max_model_len beyond
     what the model and the KV cache hold (the engine would cap it; the workload would not): an
     OptionError."""
-    from minipaged.backend import fit_blas_threads
+    from minipaged.model.cpu import fit_blas_threads
     from minipaged.llm import LLM
     try:
         llm = LLM(args.model, device=args.device, **options)
@@ -55,6 +57,29 @@ def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     low, high = min(100, vocab // 4), min(10_000, vocab)
     return [rng.integers(low, high, s.prompt_len).tolist() for s in specs]
+
+
+OUTPUT_FILES = ("svg",)  # options naming a file a benchmark writes (--svg FILE)
+
+
+def check_output_files(args) -> None:
+    """An OptionError, before any work, for an output file (OUTPUT_FILES) that cannot be
+    written: its folder does not exist or cannot be written in, or it is a folder."""
+    for dest in OUTPUT_FILES:
+        path = getattr(args, dest, None)
+        if not path:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        option = f"argument --{dest.replace('_', '-')}"
+        if os.path.isdir(path):
+            raise OptionError(f"{option}: {path!r} is a folder; give a file path, e.g. "
+                              f"{os.path.join(path, 'figure.' + dest)!r}")
+        if not os.path.isdir(folder):
+            raise OptionError(f"{option}: the folder {folder!r} does not exist (for {path!r}); make it "
+                              "first or give a path in an existing folder")
+        if not os.access(folder, os.W_OK):
+            raise OptionError(f"{option}: cannot write in the folder {folder!r} (for {path!r}); give a "
+                              "path in a writable folder")
 
 
 def show(args, chart, table: str) -> None:

@@ -12,7 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
-from minipaged.backend import array_module, follow_machine_load, get_xp, projection_weight
+from minipaged.backend import array_module, get_xp
+from minipaged.model import cpu
 from minipaged.model.config import ModelConfig
 from minipaged.model.weights import load_weights
 
@@ -58,7 +59,7 @@ class Model:
             return xp.asarray(np.ascontiguousarray(array, dtype=self.dtype))
 
         def in_out(*names):  # Hugging Face stores (out, in); concatenate outputs, then transpose
-            return projection_weight(np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype)
+            return cpu.projection_weight(np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype)
 
         self.layers = []
         for i in range(config.num_layers):
@@ -77,7 +78,7 @@ class Model:
         self.embed = put(get("model.embed_tokens.weight"))  # (vocab, hidden)
         self.norm = put(get("model.norm.weight"))
         lm_head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = projection_weight(get(lm_head).T, xp, self.dtype)  # (hidden, vocab)
+        self.lm_head = cpu.projection_weight(get(lm_head).T, xp, self.dtype)  # (hidden, vocab)
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
 
     @classmethod
@@ -90,8 +91,6 @@ class Model:
         All sequences of a step are flattened into one (T, hidden) matrix, so every projection
         is one 2-D matmul whatever the batch."""
         xp, c = self.xp, self.config
-        if xp is np:   # a CPU shared with other programs: use the cores they leave free now
-            follow_machine_load()
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]
         cos, sin = self.rope(positions)                             # (T, 1, head_dim / 2) each
@@ -116,6 +115,13 @@ class Model:
             h = h[xp.asarray(logits_indices)]                       # only the rows we sample from
         x = rms_norm(h, self.norm, c.rms_norm_eps, self.dtype)
         return (x @ self.lm_head).astype(xp.float32)                # (rows, vocab)
+
+    def follow_machine_load(self) -> None:
+        """Before a step, on a CPU shared with other programs: BLAS and the weight panels use
+        the cores the others leave free now (model/cpu.py: a clock check, and a look at /proc
+        twice a second at most). Nothing to do on a GPU. The engine calls it; forward does not."""
+        if self.xp is np:
+            cpu.follow_machine_load()
 
     def rope(self, positions):
         """cos and sin of position * frequency, computed in float32 like transformers."""

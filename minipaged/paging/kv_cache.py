@@ -7,10 +7,14 @@ attention layers read it.
 
 from __future__ import annotations
 
+import os
+import weakref
+
 import numpy as np
 
 from minipaged.backend import default_dtype, get_xp, resolve_device, to_numpy
 from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, check_size
+from minipaged.paging.tier_file import TierFile
 
 SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
 
@@ -75,8 +79,24 @@ class KVCache:
         # (K/V, layers, num_blocks, block_size, kv_heads, head_dim) on the device, the same in host memory
         self.data = self.xp.zeros((2, layers, num_blocks, *frame), dtype=self.dtype)
         self.host = np.zeros((2, layers, num_host_blocks, *frame), dtype=self.dtype)
-        self.tier = make_tier((2, layers, check_size("num_tier_blocks", num_tier_blocks, minimum=0), *frame),
-                              self.dtype, tier_path)
+        self.tier, self.tier_file = make_tier((2, layers, check_size("num_tier_blocks", num_tier_blocks,
+                                                                    minimum=0), *frame), self.dtype, tier_path)
+        self.closed = False
+        # the tier file's lock is held as long as this cache lives: given back by close(), or when
+        # it is garbage collected
+        self._release = weakref.finalize(self, self.tier_file.release) if self.tier_file else None
+
+    def close(self) -> None:
+        """Give back the tier's file (kv_offload_path): flush it and release its lock, so that
+        another engine may use the path. The tier is empty after it; closing twice does nothing."""
+        if self.closed:
+            return
+        self.closed = True
+        if isinstance(self.tier, np.memmap):
+            self.tier.flush()
+        self.tier = np.zeros((*self.tier.shape[:2], 0, *self.tier.shape[3:]), dtype=self.dtype)
+        if self._release is not None:
+            self._release()
 
     @classmethod
     def for_memory(cls, kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -133,6 +153,8 @@ class KVCache:
         """Make the tier's moves in their order (BlockManager.take_tier_moves): ("store", device
         frame, tier frame) copies out, ("load", tier frame, device frame) copies back. A run of
         one kind into distinct frames is one copy."""
+        if moves and self.closed:
+            raise RuntimeError("this KV cache was closed (KVCache.close): its tier holds no frames any more")
         for kind, sources, targets in tier_runs(moves):
             if kind == "store":
                 self.tier[:, :, targets] = to_numpy(self.data[:, :, sources])
@@ -140,15 +162,30 @@ class KVCache:
                 self.data[:, :, targets] = self.xp.asarray(self.tier[:, :, sources])
 
 
-def make_tier(shape: tuple, dtype, path=None) -> np.ndarray:
+def make_tier(shape: tuple, dtype, path=None) -> tuple[np.ndarray, TierFile | None]:
     """The tier's K and V (K/V, layers, num_tier_blocks, block_size, kv_heads, head_dim): in host
-    memory, or in the file at `path` (numpy.memmap, made anew), the drum behind the pool."""
+    memory, or in the file at `path` (numpy.memmap, made anew), the drum behind the pool; and the
+    TierFile that owns that file (None in memory). One file has one owner: a path in use by
+    another KVCache, here or in another process, is refused (ValueError), as is a path that is
+    not a regular file in a writable folder."""
     if path is None or not shape[2]:
         if path is not None:
             raise ValueError(f"kv_offload_path={str(path)!r} needs kv_offload_frames > 0: the file holds "
                              "the tier's frames")
-        return np.zeros(shape, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="w+", shape=shape)
+        return np.zeros(shape, dtype=dtype), None
+    owner = TierFile(path)
+    try:
+        os.ftruncate(owner.fd, 0)  # made anew: no frame of an earlier run is read back
+        with os.fdopen(os.dup(owner.fd), "r+b") as f:  # the locked file itself, not its name again
+            tier = np.memmap(f, dtype=dtype, mode="r+", shape=shape)
+        tier.filename = os.path.abspath(owner.path)
+    except OSError as error:
+        owner.release()
+        raise ValueError(f"kv_offload_path={owner.path!r}: cannot make the tier's file of "
+                         f"{int(np.prod(shape)) * np.dtype(dtype).itemsize:,} bytes there "
+                         f"({error.strerror or error}); give a regular file path in a writable folder "
+                         "with room for it") from None
+    return tier, owner
 
 
 def tier_runs(moves) -> list[tuple[str, list[int], list[int]]]:

@@ -81,10 +81,13 @@ def scheduler_policies(scheduling_policy="fcfs", admission="greedy", preemption_
 
 def check_options(batching: str = "continuous", allocator: str = "paged", chunked_prefill: bool = False,
                   lookahead: bool = False, prefix_caching: bool = True, offload_frames: int = 0,
-                  offload_path=None) -> None:
+                  offload_path=None, max_num_batched_tokens: int = 0, max_model_len: int = 0) -> None:
     """Which options combine, in one place: each refusal names both options and why."""
     static, paged = batching == "static", allocator == "paged"
     for refused, message in [
+        (max_num_batched_tokens < max_model_len and not chunked_prefill,
+         f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: a long "
+         "prompt could never be prefilled (unless enable_chunked_prefill=True)"),
         (chunked_prefill and static, "enable_chunked_prefill needs scheduler='continuous': a static batch "
                                      "is formed once, so there are no running decodes to share steps with"),
         (lookahead and static, "speculative decoding (speculative_config) needs scheduler='continuous': a "

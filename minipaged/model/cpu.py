@@ -1,0 +1,235 @@
+"""How a projection `x @ w` is computed on this CPU: BLAS threads fitted to the machine's load
+(one per core no other program is using), and weight panels that make 2 to 63 rows read each
+weight once. The model's forward never sees it: weights are made here, the load is followed
+between steps. The array backend itself (`xp`, the device) is minipaged.backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+
+import numpy as np
+
+from minipaged.backend import cdiv
+
+
+# ---- BLAS threads on a shared CPU ----------------------------------------------------------------
+
+def fit_blas_threads(samples: int = 5) -> int:
+    """Give NumPy's BLAS one thread per core that no other program is using now; return that count.
+
+    OpenBLAS splits every matrix product over its threads and waits for the slowest. When another
+    process competes for the cores, one of those threads is often descheduled and the others spin
+    waiting for it: decoding on a 2-core machine with one busy neighbour ran 5x slower with 2
+    threads than with 1. On an idle machine all cores stay in use. The count never exceeds what
+    BLAS started with (its default or OPENBLAS_NUM_THREADS). Called when a model is loaded
+    (`LLM()` on a CPU), by the chat before each answer and by the benchmarks before they
+    measure. While a model runs, `follow_machine_load` (before each step) keeps it up to date.
+    """
+    from threadpoolctl import threadpool_limits
+    most = blas_threads_at_start()
+    if most == 0:  # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
+        return 1
+    busy = busy_cores(samples)
+    threads = max(1, min(most, len(_usable_cores()) - busy))
+    threadpool_limits(limits=threads, user_api="blas")
+    _cores.now, _cores.looks, _cores.checked = threads, [busy], time.monotonic()
+    return threads
+
+
+@functools.cache
+def blas_threads_at_start() -> int:
+    """BLAS's thread count before fit_blas_threads first changed it (0: no BLAS thread pool)."""
+    from threadpoolctl import threadpool_info
+    return max([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"],
+               default=0)
+
+
+def busy_cores(samples: int = 5) -> int:
+    """Cores other programs keep busy now: runnable tasks on the machine (/proc/stat's
+    procs_running) less this process's own running threads, the median of `samples` looks 10 ms
+    apart. 0 where /proc is missing (not Linux): there we cannot tell, and assume a quiet machine."""
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(_procs_running() - _own_running_threads())
+        except OSError:
+            return 0
+        if i + 1 < samples:
+            time.sleep(0.01)
+    return max(0, round(statistics.median(counts)))
+
+
+def _procs_running() -> int:
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    raise OSError("no procs_running in /proc/stat")
+
+
+def _own_running_threads() -> int:
+    running = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/stat") as stat:
+                running += stat.read().rsplit(")", 1)[1].split()[0] == "R"
+        except OSError:  # the thread ended while we looked
+            pass
+    return running
+
+
+def _usable_cores() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+class _Cores:
+    """The cores this process should use now, looked at again at most every `period` seconds
+    with one sample of the machine's load (0.1-0.3 ms of /proc reading on a 2-core machine), so
+    a long-running server follows it: a median over the last 5 looks (2.5 s) ignores a blip."""
+
+    def __init__(self, period: float = 0.5):
+        self.period, self.now, self.looks, self.checked = period, 1, [], -1e9
+
+    def follow(self) -> None:
+        moment = time.monotonic()
+        if moment - self.checked < self.period:
+            return
+        self.checked = moment
+        self.looks = self.looks[-4:] + [busy_cores(samples=1)]
+        free = max(1, len(_usable_cores()) - round(statistics.median(self.looks)))
+        most = blas_threads_at_start() or len(_usable_cores())
+        if min(free, most) != self.now:
+            self.now = min(free, most)
+            _set_blas_threads(self.now)
+
+
+_cores = _Cores()
+
+
+def follow_machine_load() -> int:
+    """The cores to use now (see _Cores); BLAS's own thread count is kept equal to it. Called
+    between steps (`Model.follow_machine_load`, before each step), never inside a forward:
+    most calls only read the clock (under 1 us)."""
+    _cores.follow()
+    return _cores.now
+
+
+def _set_blas_threads(threads: int) -> None:
+    for controller in _blas_controllers():
+        controller.set_num_threads(threads)
+
+
+@functools.cache
+def _blas_controllers():
+    from threadpoolctl import ThreadpoolController
+    return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+# ---- How a projection `x @ w` is computed on a CPU -----------------------------------------------
+#
+# A decode step multiplies a few rows (one per running sequence) by every weight matrix of the
+# model. With one row the product is memory-bound: each weight is read once, and BLAS's
+# matrix-vector code streams it at the memory's speed. With hundreds of rows it is compute-bound,
+# and BLAS's matrix-matrix code (GEMM) first copies ("packs") the weight into cache-sized tiles so
+# its inner loop runs at the cores' peak. In between, for 2 to 16 rows, the work is still
+# memory-bound, yet the BLAS picks the GEMM: packing the whole weight at every call cost 2.5x the
+# time of reading it, so two streams decoded slower than one.
+#
+# The fix is a layout. A `PanelWeight` keeps the weight as Hugging Face stores it, (out, in): one
+# row of `in` floats per output. Read PANEL (32) rows at a time, it is a stack of out/32 panels
+# of (32, in), and `x @ w` for 2 to 63 rows is then a stack of small products that OpenBLAS
+# computes straight from memory, without packing (its "small-matrix" kernel), reading each
+# weight once whatever the batch; the panels are split over the cores that are free now. One
+# row keeps BLAS's matrix-vector code on the whole matrix (it is the fastest there), and from 64
+# rows on the products are big enough for the GEMM's packing to pay. The layout costs no copy:
+# the three paths read the same memory. Other BLAS libraries choose differently (Apple's
+# Accelerate on a Mac, MKL), so the choice is timed once on each machine (`panels_pay`).
+# Measured: bench/results/2026-12-01-cpu-2core-numpy-batching/.
+
+PANEL = 32        # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
+GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
+
+
+class PanelWeight:
+    """An (in, out) weight matrix kept as (out, in) rows, read as panels of PANEL rows, for CPU
+    decoding; `x @ w` works as on an array (the model's code does not change) and returns an
+    ndarray (rows, out)."""
+
+    __array_ufunc__ = None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
+
+    def __init__(self, array: np.ndarray):
+        rows, cols = array.shape
+        padded = cdiv(cols, PANEL) * PANEL
+        if padded != cols:  # a last, narrower panel is padded with zeros, cut off after the product
+            array = np.pad(array, ((0, 0), (0, padded - cols)))
+        self.shape, self.dtype = (rows, cols), array.dtype
+        self.out_rows = np.ascontiguousarray(array.T)  # (out, in): no copy for a Hugging Face weight's .T
+        self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)  # (out/PANEL, PANEL, in), a view
+
+    @property
+    def nbytes(self) -> int:
+        return self.out_rows.nbytes
+
+    def dense(self) -> np.ndarray:
+        """The (in, out) matrix, a view."""
+        return self.out_rows.T[:, :self.shape[1]]
+
+    def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
+        if x.ndim != 2 or x.shape[1] != self.shape[0]:
+            raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
+        if len(x) == 1 or len(x) >= GEMM_ROWS:
+            return x @ self.dense()
+        out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))
+        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]), len(self.panels))
+        return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
+
+
+def projection_weight(array: np.ndarray, xp, dtype):
+    """How the model stores an (in, out) weight that multiplies activations (`x @ w`): panels on
+    a CPU whose BLAS gains by them, else a contiguous array on the device: on a GPU (cuBLAS has no
+    such gap), with MINIPAGED_CPU_PANELS=0 (to measure the difference), or =1 to skip the timing."""
+    choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
+    if xp is np and choice != "0" and (choice == "1" or panels_pay()):
+        return PanelWeight(array.astype(dtype, copy=False))
+    return xp.asarray(np.ascontiguousarray(array, dtype=dtype))
+
+
+@functools.cache
+def panels_pay() -> bool:
+    """Does this machine's BLAS multiply 2 rows faster by panels than by its own GEMM? Timed once
+    per process (about 50 ms), on a 32 MB weight, bigger than most caches: OpenBLAS on x86 gains
+    2-3x; another BLAS (Apple's Accelerate, MKL) may pick good code by itself."""
+    w = np.full((512, 16384), 0.5, np.float32)   # the values do not change the time
+    x = np.full((2, 512), 0.5, np.float32)
+    panels = PanelWeight(w)
+
+    def best(work) -> float:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best(lambda: x @ panels) < best(lambda: x @ w)
+
+
+def _split(work, n: int) -> None:
+    """Runs work(lo, hi) over [0, n) in one piece per free core: the others in a thread pool
+    (NumPy releases the GIL inside BLAS), the first in this thread."""
+    parts = min(_cores.now, n)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    futures = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    work(bounds[0], bounds[1])
+    for future in futures:
+        future.result()
+
+
+@functools.cache
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor
+    return ThreadPoolExecutor(max_workers=max(1, len(_usable_cores()) - 1), thread_name_prefix="panels")
+
