@@ -17,11 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minipaged import SamplingParams
 from minipaged.bench import cli as bench_cli
-from minipaged.bench.workload import chat_trace
 from minipaged.paging import KVCache, MemoryMoves
-from minipaged.paging import tier as tier_module
+from test_drum import llm, serve  # noqa: F401 (the drum tests' tiny model and chat trace)
 
 SHAPE = dict(num_layers=1, num_kv_heads=1, head_dim=2, block_size=2, dtype="float32", device="cpu")
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,45 +105,21 @@ def test_another_process_cannot_take_a_live_tier_file(tmp_path):
     assert taken.returncode == 0 and "took it" in taken.stdout, taken.stderr
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory):
-    from checkpoints import write_checkpoint
-    from minipaged import LLM
-    return LLM(str(write_checkpoint(tmp_path_factory.mktemp("seams"), layers=2, max_positions=256)),
-               device="cpu", num_blocks=64, block_size=4)
-
-
-TRACE = chat_trace(num_conversations=4, turns=3, num_system_prompts=2, system_len=24, question_mean=8,
-                   answer_mean=8, active=2, vocab=60, seed=3)
-GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-
-
-def serve(engine) -> dict[str, list[int]]:
-    """The trace's prompts two at a time, each pair run to its end: request id -> tokens."""
-    outputs = {}
-    for start in range(0, len(TRACE), 2):
-        for i, turn in enumerate(TRACE[start:start + 2], start=start):
-            engine.add_request(f"r{i}", {"prompt_token_ids": turn.prompt}, GREEDY)
-        while engine.has_unfinished_requests():
-            outputs.update({o.request_id: o.outputs[0].token_ids for o in engine.step().finished})
-    return outputs
-
-
 def test_two_engines_on_one_kv_offload_path(llm, tmp_path):
     """The notebook's second engine on the same file is refused; the first keeps serving the same
     greedy tokens from its tier; deleted (or its KV cache closed), it lets a new engine have it."""
     path = str(tmp_path / "drum.bin")
     options = dict(num_blocks=24, block_size=4, kv_offload_frames=16)
-    expected = serve(llm.new_engine(**options))
+    expected = serve(llm.new_engine(**options))[0]
     first = llm.new_engine(**options, kv_offload_path=path)
     with pytest.raises(ValueError, match=in_use(path)):
         llm.new_engine(**options, kv_offload_path=path)
-    assert serve(first) == expected and first.blocks.tier_hits > 0
+    assert serve(first)[0] == expected and first.blocks.tier_hits > 0
     del first
     second = llm.new_engine(**options, kv_offload_path=path)
     second.kv.close()
     third = llm.new_engine(**options, kv_offload_path=path)
-    assert serve(third) == expected and third.blocks.tier_hits > 0
+    assert serve(third)[0] == expected and third.blocks.tier_hits > 0
     third.kv.close()
 
 

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import threading
 
-import httpx
 import pytest
 
 from checkpoints import write_checkpoint
 from minipaged import LLM, SamplingParams, policies
 from minipaged.serve import cli as serve_cli
-from test_serve_policies import server, wait_for_waiting
+from test_serve_policies import finishing_order_behind_a_stream, server
 
 
 class LongestFirst:
@@ -66,28 +64,8 @@ def test_a_waiting_order_of_a_few_lines_plugs_into_llm_and_changes_the_order(fol
 def test_a_waiting_order_plugs_into_the_servers_flag(folder):
     args = serve_cli.build_parser().parse_args(["--model", str(folder), "--scheduling-policy",
                                                 "test_policies:LongestFirst"])
-    options = serve_cli.engine_options(args)
-    finished: list[str] = []
-
-    def send(url: str, name: str, max_tokens: int) -> None:
-        r = httpx.post(f"{url}/v1/completions", timeout=30, json={
-            "prompt": "two", "max_tokens": max_tokens, "ignore_eos": True})
-        assert r.status_code == 200, r.text
-        finished.append(name)
-
-    with server(folder, scheduling_policy=options["scheduling_policy"]) as url, \
-            httpx.Client(base_url=url, timeout=30) as client:
-        body = {"prompt": "one", "max_tokens": 100, "ignore_eos": True, "stream": True}
-        with client.stream("POST", "/v1/completions", json=body) as running:  # holds the one row
-            assert running.status_code == 200, running.read()
-            threads = [threading.Thread(target=send, args=(url, "short", 2))]
-            threads[0].start()
-            wait_for_waiting(url, 1)
-            threads.append(threading.Thread(target=send, args=(url, "long", 12)))
-            threads[1].start()
-            wait_for_waiting(url, 2)
-        for thread in threads:  # the stream closed: the two waiting ones run, one at a time
-            thread.join(timeout=30)
+    with server(folder, scheduling_policy=serve_cli.engine_options(args)["scheduling_policy"]) as url:
+        finished = finishing_order_behind_a_stream(url, [("short", {"max_tokens": 2}), ("long", {"max_tokens": 12})])
     assert finished == ["long", "short"]
 
 

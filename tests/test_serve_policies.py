@@ -64,28 +64,33 @@ def wait_for_waiting(url: str, count: int, seconds: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_under_the_priority_policy_a_lower_priority_value_runs_first(folder):
+def finishing_order_behind_a_stream(url: str, requests: list[tuple[str, dict]]) -> list[str]:
+    """A stream holds the one row while `requests` (name, body fields) queue up one by one; then
+    it closes (an abort) and they run one at a time: the order in which they finished."""
     finished: list[str] = []
 
-    def send(url: str, name: str, priority: int) -> None:
+    def send(name: str, fields: dict) -> None:
         r = httpx.post(f"{url}/v1/completions", timeout=30, json={
-            "prompt": "two", "max_tokens": 4, "ignore_eos": True, "priority": priority})
+            "prompt": "two", "max_tokens": 4, "ignore_eos": True} | fields)
         assert r.status_code == 200, r.text
         finished.append(name)
 
-    with server(folder, scheduling_policy="priority") as url, httpx.Client(base_url=url, timeout=30) as client:
+    threads = [threading.Thread(target=send, args=request) for request in requests]
+    with httpx.Client(base_url=url, timeout=30) as client:
         body = {"prompt": "one", "max_tokens": 100, "ignore_eos": True, "stream": True}
-        with client.stream("POST", "/v1/completions", json=body) as running:  # holds the one row
+        with client.stream("POST", "/v1/completions", json=body) as running:
             assert running.status_code == 200, running.read()
-            threads = [threading.Thread(target=send, args=(url, "later", 5))]
-            threads[0].start()
-            wait_for_waiting(url, 1)
-            threads.append(threading.Thread(target=send, args=(url, "urgent", -1)))
-            threads[1].start()
-            wait_for_waiting(url, 2)
-        # the stream is closed: its request is aborted, and the two waiting ones run, one at a time
-        for thread in threads:
-            thread.join(timeout=30)
+            for waiting, thread in enumerate(threads, start=1):
+                thread.start()
+                wait_for_waiting(url, waiting)
+    for thread in threads:
+        thread.join(timeout=30)
+    return finished
+
+
+def test_under_the_priority_policy_a_lower_priority_value_runs_first(folder):
+    with server(folder, scheduling_policy="priority") as url:
+        finished = finishing_order_behind_a_stream(url, [("later", {"priority": 5}), ("urgent", {"priority": -1})])
     assert finished == ["urgent", "later"]
 
 
