@@ -1,9 +1,6 @@
-# The lecture series' benchmarks, one line each; the "before" figures are in bench/results/2026-12-02-cpu-2core-numpy-seams.
-# Run from a repo root, with PYTHONPATH set to it and `python` the project's venv, e.g.:
-#   cd /work/main && PATH=/work/main/.venv/bin:$PATH PYTHONPATH=$PWD OUT=/tmp/series-after SUFFIX= bash bench/results/2026-12-02-cpu-2core-numpy-seams/COMMANDS.sh
-# OUT: folder of the JSON files (default: .); SUFFIX: appended to each name (e.g. .run2). Run one at a time (serial).
-# (OUT must exist: mkdir -p "$OUT" first.) run_series.sh next to this file runs these lines one by one, timing each:
-#   OUT=/tmp/series-after SUFFIX= bash bench/results/2026-12-02-cpu-2core-numpy-seams/run_series.sh   (same PATH/PYTHONPATH; stderr in $OUT/logs)
+# The lecture series' benchmarks, one line each (README.md next to this file).
+# From the repo root, inside .venv: mkdir -p /tmp/series-after; OUT=/tmp/series-after bash <this file>
+# OUT: folder of the JSON files (default: .); SUFFIX: appended to each name. Run them one at a time.
 python -m minipaged.bench replacement --json --conversations 32 --turns 4 --block-size 16 --concurrency 4 --points 12 --seed 0 --anomaly-seeds 100 > "${OUT:-.}/replacement${SUFFIX}.json"
 python -m minipaged.bench thrashing --json --device cpu --kv-tokens 128 256 512 --max-num-seqs 2 4 16 --requests 12 --window 16 --sim-kv-tokens 7500 15000 30000 --sim-max-num-seqs 8 16 32 64 128 256 --sim-requests 200 --engine yes > "${OUT:-.}/thrashing${SUFFIX}.json"
 python -m minipaged.bench scheduling --json --device cpu --clock model --requests 32 --rate 5.0 --max-num-seqs 4 --policies fcfs sjf aging priority --aging-rate 4.0 --sim-requests 600 --sim-rate 6.0 --sim-aging-rate 1.0 --engine yes > "${OUT:-.}/scheduling${SUFFIX}.json"
