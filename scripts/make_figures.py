@@ -3,8 +3,9 @@
 Each figure is drawn by minipaged's own pictures (minipaged.viz) from minipaged's own runs, with
 fixed seeds, so the files only change when the code does; tests/test_docs.py regenerates them
 and fails when the committed ones are stale. The numbers come from the same runs as
-`python -m minipaged.bench memory` and the notebooks. The batching and serving figures run
-SmolLM2 on the CPU, with random prompts and answers of fixed length (ignore_eos): what gets
+`python -m minipaged.bench memory` and the notebooks (note 13's diagram is drawn by hand with
+minipaged.viz.svg's helpers). The batching and serving figures run SmolLM2 on the CPU, with
+random prompts and answers of fixed length (ignore_eos): what gets
 scheduled when depends on token counts only, never on which tokens the model picks, so those
 pictures are the same on every machine. The dashboard's screenshots (docs/figures/dashboard*.png)
 come from a live server in a browser instead, never the same twice:
@@ -316,6 +317,113 @@ def drum_figures() -> dict:
             "drum_ttft_cpu.svg": ttft_chart(result)}
 
 
+# ---- 13. policy and mechanism: the core's step and the seams around it ---------------------------
+
+class Drawing:
+    """A picture drawn by hand: its SVG, as the figures' pictures give it."""
+
+    def __init__(self, svg: str):
+        self._svg = svg
+
+    def svg(self) -> str:
+        return self._svg
+
+
+# (seam, meeting, option, what it asks, default, the others): the seam table of note 13
+TOP_SEAMS = [("waiting order", "meeting 11", "scheduling_policy", "pick(waiting, now)", "fcfs",
+              "sjf, aging, priority"),
+             ("admission", "meeting 10", "admission", "growth(req, blocks, final_len)", "greedy", "working-set"),
+             ("victim", "meetings 5, 11", "preemption_victim", "choose(candidates)", "the newest",
+              "least-urgent, your own"),
+             ("replacement", "meeting 9", "prefix_cache_policy", "victim(parked)", "lru", "fifo, clock, random")]
+BOTTOM_SEAMS = [("batching", "meeting 5", "scheduler", "join? reserve? keep rows?", "continuous", "static"),
+                ("tier", "meeting 12", "kv_offload_frames", "where an evicted block waits", "nowhere",
+                 "the drum (paging/tier.py)"),
+                ("speculation", "meeting 8", "speculative_config", "reserve, propose, emit, settle", "none",
+                 "ngram, draft_layers")]
+STEPS = [("schedule", "queues, frames", "+ reserve"), ("prepare", "page tables → slots", "+ propose"),
+         ("forward", "the model, once", ""), ("sample", "next tokens", "+ emit"),
+         ("update", "append, finish", "+ settle")]
+
+
+def policy_mechanism() -> Drawing:
+    """Note 13: the core (the step as a row of boxes: mechanism) and the seven seams plugged
+    into it, each with its option, what it is asked, its default and the others."""
+    from minipaged.viz.svg import FONT, PALETTE, SMALL_FONT, _framed, _svg_text
+    width, height, plug_h = 1268, 600, 130
+    body: list[str] = []
+
+    def plug(x: float, y: float, w: float, seam: tuple, color: str) -> None:
+        name, meeting, option, asks, default, others = seam
+        body.append(f'<rect x="{x}" y="{y}" width="{w}" height="{plug_h}" rx="8" fill="#ffffff" '
+                    f'stroke="{color}" stroke-width="3"/>')
+        body.append(f'<rect x="{x}" y="{y}" width="{w}" height="30" rx="8" fill="{color}"/>')
+        body.append(_svg_text(x + 10, y + 21, f"{name} · {meeting}", bold=True, color="#ffffff"))
+        body.append(_svg_text(x + 10, y + 52, option, bold=True))
+        for i, line in enumerate([asks, f"default: {default}", f"others: {others}"]):
+            body.append(_svg_text(x + 10, y + 76 + i * 20, line, size=SMALL_FONT))
+
+    def wire(points: list[tuple[float, float]], color: str) -> None:
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        body.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="3"/>')
+        body.append(f'<circle cx="{points[-1][0]:.1f}" cy="{points[-1][1]:.1f}" r="5" fill="{color}"/>')
+
+    # the core: a box around the step, a row of boxes joined by arrows
+    core_x, core_y, core_w, core_h = 20, 195, width - 40, 190
+    body.append(f'<rect x="{core_x}" y="{core_y}" width="{core_w}" height="{core_h}" rx="10" fill="#f4f4f4" '
+                f'stroke="#333333" stroke-width="2"/>')
+    right = core_x + core_w - 14  # the core's words at its right: the wires come in at its left
+    body.append(_svg_text(right, core_y + 24, "the core, mechanism only: engine.py, scheduler.py, runner.py",
+                          anchor="end", bold=True))
+    step_w, step_h, gap, step_y = 200, 100, 45, core_y + 40
+    boxes = []
+    for i, (name, does, tag) in enumerate(STEPS):
+        x = core_x + 24 + i * (step_w + gap)
+        boxes.append(x)
+        body.append(f'<rect x="{x}" y="{step_y}" width="{step_w}" height="{step_h}" rx="6" fill="#ffffff" '
+                    f'stroke="#333333" stroke-width="2"/>')
+        body.append(_svg_text(x + step_w / 2, step_y + 30, name, anchor="middle", bold=True))
+        body.append(_svg_text(x + step_w / 2, step_y + 55, does, size=SMALL_FONT, anchor="middle"))
+        if tag:
+            body.append(_svg_text(x + step_w / 2, step_y + 82, tag, size=SMALL_FONT, anchor="middle",
+                                  bold=True, color=PALETTE[6]))
+        if i:
+            a, b, mid = x - gap + 6, x - 6, step_y + step_h / 2
+            body.append(f'<line x1="{a}" y1="{mid}" x2="{b - 8}" y2="{mid}" stroke="#333333" stroke-width="2"/>')
+            body.append(f'<polygon points="{b - 10},{mid - 6} {b},{mid} {b - 10},{mid + 6}" fill="#333333"/>')
+    body.append(_svg_text(right, core_y + core_h - 14, "LLMEngine.step through the three files: 31 functions, "
+                          "340 lines", size=SMALL_FONT, anchor="end"))
+
+    # the top row: four seams the scheduler asks in schedule(), joined on one bus
+    top_w = (width - 3 * 28) / 4
+    bus_y, schedule_x = 165, boxes[0] + step_w / 2
+    for i, seam in enumerate(TOP_SEAMS):
+        x = i * (top_w + 28)
+        plug(x, 0, top_w, seam, PALETTE[i])
+        wire([(x + top_w / 2, plug_h), (x + top_w / 2, bus_y)], PALETTE[i])
+    body.append(f'<line x1="{schedule_x}" y1="{bus_y}" x2="{3 * (top_w + 28) + top_w / 2}" y2="{bus_y}" '
+                f'stroke="#555555" stroke-width="3"/>')
+    wire([(schedule_x, bus_y), (schedule_x, step_y)], "#555555")
+    body.append(_svg_text(schedule_x + 12, bus_y - 8, "asked in schedule()", size=SMALL_FONT, color="#555555"))
+
+    # the bottom row: batching (schedule), the tier (its moves before prepare), speculation (every step)
+    bottom_w, bottom_y = (width - 2 * 34) / 3, height - plug_h
+    colors = [PALETTE[4], PALETTE[8], PALETTE[6]]
+    for i, (seam, color) in enumerate(zip(BOTTOM_SEAMS, colors)):
+        plug(i * (bottom_w + 34), bottom_y, bottom_w, seam, color)
+    step_bottom = step_y + step_h
+    wire([(boxes[0] + 60, bottom_y), (boxes[0] + 60, step_bottom)], colors[0])
+    wire([(boxes[1] + step_w - 24, bottom_y), (boxes[1] + step_w - 24, step_bottom)], colors[1])
+    spec_x = 2 * (bottom_w + 34) + bottom_w / 2
+    wire([(spec_x, bottom_y), (spec_x, core_y + core_h)], colors[2])
+    body.append(_svg_text(spec_x - 12, core_y + core_h + 34, "the step's lookahead: its + tag in each step",
+                          size=SMALL_FONT, anchor="end", color=colors[2]))
+    return Drawing(_framed("policy and mechanism: the step is the core's, each decision a policy's, on a seam",
+                           width, height, body,
+                           ["each plug: the seam and its meeting, the option, what it is asked, the default, the others",
+                            "a policy of one's own plugs into any seam as an object or a 'module:Class' path"]))
+
+
 def figures() -> dict:
     """File name -> picture, every figure of docs/."""
     requests = make_workload(1000)
@@ -341,7 +449,8 @@ def figures() -> dict:
             **paper_figures(),
             **thrashing_figures(llm),
             **scheduling_figures(),
-            **drum_figures()}
+            **drum_figures(),
+            "policy_mechanism.svg": policy_mechanism()}
 
 
 def write_figures(out: Path = FIGURES) -> dict:

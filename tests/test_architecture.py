@@ -185,7 +185,7 @@ def step_call_tree() -> set[tuple[str | None, str]]:
 
 
 def test_the_core_stays_within_its_line_budget():
-    """engine + scheduler + runner hold the mechanism only: 977 lines before the seams, 717 after."""
+    """engine + scheduler + runner hold the mechanism only: 977 lines before the seams, 715 after."""
     lines = sum(len(MODULES[m].read_text().splitlines()) for m in CORE)
     assert lines <= 750, f"the three core files have {lines} lines: move an idea onto a seam (policies/)"
 
