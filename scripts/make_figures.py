@@ -392,7 +392,7 @@ def policy_mechanism() -> Drawing:
             body.append(f'<line x1="{a}" y1="{mid}" x2="{b - 8}" y2="{mid}" stroke="#333333" stroke-width="2"/>')
             body.append(f'<polygon points="{b - 10},{mid - 6} {b},{mid} {b - 10},{mid + 6}" fill="#333333"/>')
     body.append(_svg_text(right, core_y + core_h - 14, "LLMEngine.step through the three files: 31 functions, "
-                          "340 lines", size=SMALL_FONT, anchor="end"))
+                          "341 lines", size=SMALL_FONT, anchor="end"))
 
     # the top row: four seams the scheduler asks in schedule(), joined on one bus
     top_w = (width - 3 * 28) / 4
