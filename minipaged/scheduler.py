@@ -62,8 +62,7 @@ class SchedulerConfig:
     admission_window: int = 16           # a setting of the admission that reads it
 
     def __post_init__(self):
-        policies.scheduler_policies(self.scheduling_policy, self.admission, self.preemption_victim,
-                                    self.aging_rate, self.admission_window)  # a bad name or setting, now
+        policies.scheduler_policies(self)  # a bad name or setting, now
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
         if self.batching not in policies.SEAMS["scheduler"]:
@@ -104,9 +103,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, lookahead=None):
         self.config, self.blocks, self.lookahead = config, blocks, lookahead
         self.batching = policies.SEAMS["scheduler"][config.batching]
-        self.order, self.admission, self.victim = policies.scheduler_policies(
-            config.scheduling_policy, config.admission, config.preemption_victim, config.aging_rate,
-            config.admission_window)
+        self.order, self.admission, self.victim = policies.scheduler_policies(config)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()

@@ -349,7 +349,7 @@ STEPS = [("schedule", "queues, frames", "+ reserve"), ("prepare", "page tables â
 def policy_mechanism() -> Drawing:
     """Note 13: the core (the step as a row of boxes: mechanism) and the seven seams plugged
     into it, each with its option, what it is asked, its default and the others."""
-    from minipaged.viz.svg import FONT, PALETTE, SMALL_FONT, _framed, _svg_text
+    from minipaged.viz.svg import PALETTE, SMALL_FONT, _framed, _svg_text
     width, height, plug_h = 1268, 600, 130
     body: list[str] = []
 

@@ -146,7 +146,7 @@ def test_no_function_on_the_request_path_is_over_forty_lines():
 # ---- policy and mechanism: the step a lecture projects names no idea -----------------------------
 CORE = ["minipaged.engine", "minipaged.scheduler", "minipaged.runner"]
 # each idea of the series, by the words that name it; a quoted policy name counts too
-IDEA_WORDS = re.compile(r"specul|guess|draft|ngram|n-gram|\bsjf\b|shortest|\baging\b|working.set|denning|drum|"
+IDEA_WORDS = re.compile(r"specul|guess|draft|ngram|n-gram|\bsjf\b|shortest|\baging|admission_window|working.set|denning|drum|"
                         r"\blru\b|fifo|\bclock\b|belady|['\"](priority|greedy|static)['\"]", re.IGNORECASE)
 OWNERS = {"scheduler": "Scheduler", "runner": "ModelRunner", "attention": "PagedAttention"}
 
@@ -185,7 +185,7 @@ def step_call_tree() -> set[tuple[str | None, str]]:
 
 
 def test_the_core_stays_within_its_line_budget():
-    """engine + scheduler + runner hold the mechanism only: 977 lines before the seams, 715 after."""
+    """engine + scheduler + runner hold the mechanism only: 977 lines before the seams, 712 after."""
     lines = sum(len(MODULES[m].read_text().splitlines()) for m in CORE)
     assert lines <= 750, f"the three core files have {lines} lines: move an idea onto a seam (policies/)"
 

@@ -19,7 +19,7 @@ import pytest
 
 from minipaged.bench import cli as bench_cli
 from minipaged.paging import KVCache, MemoryMoves
-from test_drum import llm, serve  # noqa: F401 (the drum tests' tiny model and chat trace)
+from test_drum import llm, serve  # noqa: F401, F811 (the drum tests' tiny model and chat trace)
 
 SHAPE = dict(num_layers=1, num_kv_heads=1, head_dim=2, block_size=2, dtype="float32", device="cpu")
 ROOT = Path(__file__).resolve().parent.parent

@@ -89,7 +89,8 @@ def test_every_seam_resolves_names_paths_and_objects():
     assert type(policies.make("preemption_victim", "test_policies:Oldest")).__name__ == "Oldest"
     own = LongestFirst()
     assert policies.make("scheduling_policy", own) is own
-    order, admission, victim = policies.scheduler_policies("priority")
+    from minipaged.scheduler import SchedulerConfig
+    order, admission, victim = policies.scheduler_policies(SchedulerConfig(scheduling_policy="priority"))
     assert (order.name, admission.name, victim.name) == ("priority", "greedy", "least-urgent")
     with pytest.raises(ValueError, match="scheduling_policy must be one of"):
         policies.make("scheduling_policy", "lifo")

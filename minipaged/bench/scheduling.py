@@ -16,7 +16,8 @@ from minipaged.bench.common import load, model_arguments, random_prompts, show
 from minipaged.bench.latency import step_shape
 from minipaged.bench.simulate import PROFILES, Profile, Simulator, poisson_trace, trace_specs
 from minipaged.bench.workload import RequestSpec
-from minipaged.llm import number, policy
+from minipaged.llm import number
+from minipaged.llm import policy as policy_option
 from minipaged.scheduler import WAITING_ORDERS
 from minipaged.viz import BarChart
 
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
                              "serve, so a queue forms)")
     parser.add_argument("--max-num-seqs", type=number(int, 1), default=4,
                         help="seats in the engine's batch: more requests wait (default %(default)s)")
-    parser.add_argument("--policies", nargs="+", type=policy("scheduling_policy"), default=list(WAITING_ORDERS),
+    parser.add_argument("--policies", nargs="+", type=policy_option("scheduling_policy"), default=list(WAITING_ORDERS),
                         metavar="POLICY", help="waiting orders to compare: names of "
                         f"{', '.join(WAITING_ORDERS)}, or one's own as module:Class (default: all names)")
     parser.add_argument("--aging-rate", type=number(float, above=0), default=4.0,
@@ -210,9 +211,10 @@ def scheduling_table(result: dict) -> str:
                  f"identical across "
                  f"policies: {'yes' if part['outputs_identical'] else 'NO'}" if key == "engine" else
                  f"simulator, {part['profile']}, {part['requests']} {part['trace']} requests at {part['rate']:g}/s")
-        lines += [where, f"  {'policy':<9} {'short p50':>10} {'short p99':>10} {'long p50':>10} {'long p99':>10} "
+        width = max(9, *map(len, part["policies"]))  # a policy of one's own is named module:Class
+        lines += [where, f"  {'policy':<{width}} {'short p50':>10} {'short p99':>10} {'long p50':>10} {'long p99':>10} "
                          f"{'all p50':>9} {'max wait':>9}"]
         for policy, r in part["policies"].items():
-            lines.append(f"  {policy:<9} {r['short_p50']:>9.2f}s {r['short_p99']:>9.2f}s {r['long_p50']:>9.2f}s "
+            lines.append(f"  {policy:<{width}} {r['short_p50']:>9.2f}s {r['short_p99']:>9.2f}s {r['long_p50']:>9.2f}s "
                          f"{r['long_p99']:>9.2f}s {r['e2e_p50']:>8.2f}s {r['max_wait']:>8.2f}s")
     return "\n".join(lines)

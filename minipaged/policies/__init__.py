@@ -64,16 +64,17 @@ def name_of(policy) -> str:
     return getattr(policy, "name", type(policy).__name__)
 
 
-def scheduler_policies(scheduling_policy="fcfs", admission="greedy", preemption_victim=None,
-                       aging_rate: float = 8.0, admission_window: int = 16) -> tuple:
-    """The scheduler's (waiting order, admission, victim), each from a name, a path or an object;
-    the settings are checked whichever policy reads them. The victim, when not given, is the
-    one the waiting order brings (priority's least urgent), else the newest."""
+def scheduler_policies(config) -> tuple:
+    """The scheduler's (waiting order, admission, victim) for a SchedulerConfig's options, each
+    a name, a path or an object; the settings are checked whichever policy reads them. The
+    victim, when not given, is the one the waiting order brings (priority's least urgent), else
+    the newest."""
+    aging_rate, admission_window = config.aging_rate, config.admission_window
     Aging(aging_rate), WorkingSet(admission_window)  # a bad setting is refused by name, always
-    order = make("scheduling_policy", scheduling_policy, aging_rate=aging_rate)
-    admit = make("admission", admission, admission_window=admission_window)
-    if preemption_victim is not None:
-        victim = make("preemption_victim", preemption_victim)
+    order = make("scheduling_policy", config.scheduling_policy, aging_rate=aging_rate)
+    admit = make("admission", config.admission, admission_window=admission_window)
+    if config.preemption_victim is not None:
+        victim = make("preemption_victim", config.preemption_victim)
     else:
         victim = order.victim() if hasattr(order, "victim") else Newest()
     return order, admit, victim

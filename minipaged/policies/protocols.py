@@ -40,13 +40,17 @@ class Victim(Protocol):
 class Lookahead(Protocol):
     """Extra tokens a row runs after its next one, checked by the same forward (speculation)."""
 
-    def plan(self, batch, blocks: BlockManager, budget: int, max_model_len: int) -> None:
-        """At the end of `schedule()`: give decode rows `extra` tokens (and their slots,
-        `extra_slots`, from `blocks`) within `budget` tokens; `batch` is then final."""
+    def reserve(self, batch, budget: int, max_model_len: int) -> None:
+        """At the end of `schedule()`: give decode rows slots for extra tokens (`extra_slots`)
+        within `budget` tokens; `batch` is then final."""
 
-    def emit(self, row, logits) -> list[int]:
-        """After the forward: the tokens a row with extra tokens emits, from its logits
-        (1 + len(row.extra), vocab): the extra tokens kept, then one of the model's."""
+    def propose(self, batch) -> dict:
+        """After the step's memory moves, before its forward: sequence -> its extra tokens
+        (at most its slots)."""
 
-    def settle(self, row, kept: list[int], blocks: BlockManager) -> None:
-        """In `update()`: the row's extra slots hold `kept` (its kept extra tokens); roll back the rest."""
+    def emit(self, row, extra: list[int], logits) -> list[int]:
+        """After the forward: the tokens the row emits, from its logits (1 + len(extra), vocab):
+        the extra tokens kept, then one of the model's."""
+
+    def settle(self, row, kept: list[int]) -> None:
+        """The row's extra slots hold `kept` (its kept extra tokens); roll back the rest."""
