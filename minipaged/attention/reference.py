@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipaged.backend import cdiv
+
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store each new token's K and V rows in its slot = frame * block_size + offset; -1 skips."""
-    block_size = k_cache.shape[1]
+    """Store each new token's K and V rows in its slot = frame * block_size + offset; -1 skips.
+    Read as (num_blocks * block_size, kvh, hd), a view of the contiguous cache, row `slot` is
+    that slot."""
     slots = np.asarray(slot_mapping)
     keep = slots >= 0
-    frames, offsets = slots[keep] // block_size, slots[keep] % block_size
-    k_cache[frames, offsets] = k[keep]                 # (kept tokens, num_kv_heads, head_dim)
-    v_cache[frames, offsets] = v[keep]
+    k_cache.reshape(-1, *k_cache.shape[2:])[slots[keep]] = k[keep]   # (kept tokens, kvh, hd)
+    v_cache.reshape(-1, *v_cache.shape[2:])[slots[keep]] = v[keep]
 
 
 def copy_blocks(k_cache, v_cache, pairs) -> None:
@@ -28,29 +30,34 @@ def copy_blocks(k_cache, v_cache, pairs) -> None:
 def gather(cache, block_tables, context_lens, num_positions: int) -> np.ndarray:
     """K (or V) of positions 0..num_positions-1 of each sequence, read through the block tables:
     float32 (num_seqs, num_positions, num_kv_heads, head_dim), zero past each context (the
-    slots there may hold anything, even NaN)."""
-    block_size = cache.shape[1]
-    positions = np.arange(num_positions)                                     # (num_positions,)
-    frames = np.asarray(block_tables)[:, positions // block_size]            # (num_seqs, num_positions)
-    rows = cache[np.maximum(frames, 0), positions % block_size]              # -1 padding: any frame, zeroed below
-    inside = positions < np.asarray(context_lens)[:, None]                   # (num_seqs, num_positions)
-    return np.where(inside[:, :, None, None], rows, 0).astype(np.float32, copy=False)
+    slots there may hold anything, even NaN). Whole frames are copied, one index per frame: a
+    copy per position costs 3-4x as much in NumPy."""
+    num_seqs, block_size = len(context_lens), cache.shape[1]
+    frames = np.asarray(block_tables)[:, :cdiv(num_positions, block_size)]    # (num_seqs, frames)
+    rows = cache[np.maximum(frames, 0)]                                      # -1 padding: any frame, zeroed below
+    rows = rows.reshape(num_seqs, -1, *cache.shape[2:])[:, :num_positions]   # (num_seqs, positions, kvh, hd)
+    rows = rows.astype(np.float32, copy=False)
+    rows[np.arange(num_positions) >= np.asarray(context_lens)[:, None]] = 0  # rows is a copy: zero in place
+    return rows
 
 
 def attend(q, keys, values, visible, scale) -> np.ndarray:
     """softmax(q k^T * scale) v over the visible positions, for a batch of sequences.
     q (S, queries, num_heads, hd); keys, values (S, positions, kvh, hd); visible (S, queries,
-    positions) bool. Query head h uses KV head h // (num_heads // kvh)."""
+    positions) bool. Query head h uses KV head h // (num_heads // kvh): the `group` query heads
+    of one KV head are stacked as rows of one product, (group * queries, hd) @ (hd, positions)."""
     num_seqs, num_queries, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[2]
-    q = q.astype(np.float32).reshape(num_seqs, num_queries, num_kv_heads, -1, head_dim)
-    q = q.transpose(0, 2, 3, 1, 4)                          # (S, kvh, group, queries, hd)
-    k = keys.transpose(0, 2, 3, 1)[:, :, None]              # (S, kvh, 1, hd, positions)
-    v = values.transpose(0, 2, 1, 3)[:, :, None]            # (S, kvh, 1, positions, hd)
-    logits = (q @ k) * scale                                # (S, kvh, group, queries, positions)
-    logits = np.where(visible[:, None, None], logits, -np.inf)
+    group = num_heads // num_kv_heads
+    q = q.astype(np.float32).reshape(num_seqs, num_queries, num_kv_heads, group, head_dim)
+    q = q.transpose(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * num_queries, head_dim)
+    k = keys.transpose(0, 2, 3, 1)                          # (S, kvh, hd, positions), a view
+    v = values.transpose(0, 2, 1, 3)                        # (S, kvh, positions, hd), a view
+    logits = (q @ k).reshape(num_seqs, num_kv_heads, group, num_queries, -1) * scale
+    logits = np.where(visible[:, None, None], logits, -np.inf)   # (S, kvh, group, queries, positions)
     p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    out = (p @ v) / p.sum(axis=-1, keepdims=True)           # (S, kvh, group, queries, hd)
+    out = p.reshape(num_seqs, num_kv_heads, group * num_queries, -1) @ v
+    out = out.reshape(p.shape[:-1] + (head_dim,)) / p.sum(axis=-1, keepdims=True)
     return out.transpose(0, 3, 1, 2, 4).reshape(num_seqs, num_queries, num_heads, head_dim)
 
 

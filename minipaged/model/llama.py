@@ -100,17 +100,17 @@ class Model:
             qkv = x @ layer.wqkv                                    # (T, q_size + 2 kv_size)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
-            q = qkv[:, :c.q_size].reshape(T, c.num_heads, c.head_dim)
-            k = qkv[:, c.q_size:c.q_size + c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+            heads = c.num_heads + c.num_kv_heads                    # q and k sit side by side: one RoPE
+            qk = apply_rope(qkv[:, :c.q_size + c.kv_size].reshape(T, heads, c.head_dim), cos, sin)
+            q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
             v = qkv[:, c.q_size + c.kv_size:].reshape(T, c.num_kv_heads, c.head_dim)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             o = attention(i, q, k, v)                               # (T, heads, head_dim)
             o = o.reshape(T, c.q_size) @ layer.wo                  # (T, hidden)
-            h += (o if layer.bo is None else o + layer.bo).astype(xp.float32)
+            h += o if layer.bo is None else o + layer.bo            # h is float32: NumPy converts as it adds
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps, self.dtype)
             gate_up = x @ layer.w_gate_up                           # (T, 2 intermediate)
             gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
-            h += ((silu(gate) * up) @ layer.w_down).astype(xp.float32)
+            h += (silu(gate) * up) @ layer.w_down
         if logits_indices is not None:
             h = h[xp.asarray(logits_indices)]                       # only the rows we sample from
         x = rms_norm(h, self.norm, c.rms_norm_eps, self.dtype)
@@ -140,10 +140,11 @@ def rms_norm(x, weight, eps: float, dtype):
 def apply_rope(x, cos, sin):
     """Rotate each head's first half of dims against its second half (Hugging Face layout).
 
-    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2)."""
+    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2). Computed in float32; returned in
+    x's dtype."""
     xp = array_module(x)
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].astype(xp.float32), x[..., half:].astype(xp.float32)
+    x1, x2 = x[..., :half].astype(xp.float32, copy=False), x[..., half:].astype(xp.float32, copy=False)
     rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
     return xp.concatenate(rotated, axis=-1).astype(x.dtype, copy=False)
 
