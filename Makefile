@@ -6,7 +6,7 @@
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make notebooks         run every notebook on the CPU and store its outputs in the .ipynb (minutes)
 #   make lab-check         every lab's check on the engine's own code (python -m minipaged.lab; see labs/)
-#   make bench-decode      one benchmark: bench-decode, bench-memory, bench-throughput,
+#   make bench-decode      one benchmark: bench-decode, bench-projections, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
 #                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; and the
 #                          series: bench-speculative, -replacement, -thrashing, -scheduling, -drum; ARGS="--json"
@@ -18,7 +18,7 @@ PY     := $(VENV)/bin/python
 # (make setup, chat, serve, bench-*), then the test tools on top (make test).
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
-BENCHMARKS := decode memory throughput sharing serve kernel fragmentation chunked latency calibrate \
+BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
               speculative replacement thrashing scheduling drum
 
 .PHONY: setup chat serve browser clang test test-fast notebook notebooks lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean

@@ -126,11 +126,22 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
 
 
 def test_the_panels_are_split_over_the_free_cores(monkeypatch):
-    """Each core gets its own contiguous share of the panels, and together they cover all."""
+    """Each core gets its own contiguous share of the panels, and together they cover all; a
+    product split over the cores free now or over one gives the same numbers."""
     seen = []
-    monkeypatch.setattr(cpu._cores, "now", 3)
-    cpu._split(lambda lo, hi: seen.append((lo, hi)), 10)
+    cpu._split(lambda lo, hi: seen.append((lo, hi)), 10, 3)
     assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
+    w = cpu.PanelWeight(np.random.default_rng(0).standard_normal((40, 100)).astype(np.float32))
+    x = np.random.default_rng(1).standard_normal((5, 40)).astype(np.float32)
+    monkeypatch.setattr(cpu._cores, "now", 2)
+    np.testing.assert_array_equal(x @ w, w.by_panels(x, cores=1))
+    np.testing.assert_allclose(x @ w, x @ w.dense(), rtol=1e-5, atol=1e-5)
+
+
+def test_one_rule_says_how_each_row_count_is_multiplied():
+    """One row: the matrix-vector code; 2 to 63: panels; from 64 on: the GEMM (model/cpu.py)."""
+    assert [cpu.projection_path(n) for n in (1, 2, 63, 64, 500)] == \
+        ["matrix-vector", "panels", "panels", "gemm", "gemm"]
 
 
 def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from minipaged import chat, simulate
-from minipaged.bench import cli as bench_cli
+from minipaged.bench import cli as bench_cli, projections
 from minipaged.bench.common import random_prompts
 from minipaged.bench.workload import RequestSpec
 from minipaged.llm import CommandParser
@@ -198,3 +198,19 @@ def test_bench_decode_runs_a_model_whose_vocabulary_is_under_10000(tiny):
     assert too_long.returncode == 2 and too_long.stderr == (
         "python -m minipaged.bench decode: error: --prompt-len 300 + --tokens 64 is longer than this "
         "model's context here, 256 tokens\n")
+
+
+def test_bench_projections_times_every_way_and_marks_the_engines(tiny):
+    """Each row count gets every way once, the engine's way marked once (the rule of
+    model/cpu.projection_path), each a real time; the table names the rows and the ways."""
+    model = tiny()
+    result = run("minipaged.bench", "projections", "--model", str(model), "--rows", "1", "3",
+                 "--repeats", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert [(r["rows"], r["way"]) for r in out["results"]] == [(n, way) for n in (1, 3) for way in projections.WAYS]
+    chosen = {r["rows"]: r["way"] for r in out["results"] if r["engine"]}
+    assert chosen == {1: "blas gemm", 3: "panels, split"}
+    assert all(r["ms"] > 0 and r["gb_per_s"] > 0 for r in out["results"])
+    table = run("minipaged.bench", "projections", "--model", str(model), "--rows", "2", "--repeats", "1")
+    assert table.returncode == 0 and "<- the engine's" in table.stdout and "panels, split" in table.stdout

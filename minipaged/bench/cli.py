@@ -14,7 +14,7 @@ import sys
 from minipaged.llm import CommandParser
 from minipaged.bench import drum
 from minipaged.bench import replacement
-from minipaged.bench import decode, kernel, latency, memory, paper, serve, sharing, speculative, throughput
+from minipaged.bench import decode, kernel, latency, memory, paper, projections, serve, sharing, speculative, throughput
 from minipaged.bench import scheduling, thrashing
 from minipaged.bench.common import OptionError, check_output_files
 
@@ -39,6 +39,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
     "decode": (decode.bench_decode, decode.add_arguments,
                "decode speed: tokens/s of --batch greedy streams after one prefill",
                "about 5 s (10 s at --batch 16)"),
+    "projections": (projections.bench_projections, projections.add_arguments,
+                    "a decode step's weight products on the CPU, each way (matrix-vector per row, BLAS's "
+                    "GEMM, panels on one core and split over the cores) for --rows rows, in GB/s beside the "
+                    "copy bandwidth: why the engine computes them as it does", "about 30 s"),
     "memory": (memory.bench_memory, memory.add_arguments,
                "KV-cache utilization: paging vs reserving max_model_len slots per request (no model: "
                "the block managers alone)", "about 1 s"),

@@ -131,27 +131,44 @@ def _blas_controllers():
 
 # ---- How a projection `x @ w` is computed on a CPU -----------------------------------------------
 #
-# A decode step multiplies a few rows (one per running sequence) by every weight matrix of the
-# model. With one row the product is memory-bound: each weight is read once, and BLAS's
-# matrix-vector code streams it at the memory's speed. With hundreds of rows it is compute-bound,
-# and BLAS's matrix-matrix code (GEMM) first copies ("packs") the weight into cache-sized tiles so
-# its inner loop runs at the cores' peak. In between, for 2 to 16 rows, the work is still
-# memory-bound, yet the BLAS picks the GEMM: packing the whole weight at every call cost 2.5x the
-# time of reading it, so two streams decoded slower than one.
+# A decode step multiplies a few rows, one per running sequence, by every weight matrix of the
+# model: 538 MB for SmolLM2-135M in float32. The work is small (2 flops per weight per row) and
+# the weights do not fit in any cache, so the step's time is the time to read them from memory:
+# one row is memory-bound. Read once, the weights cost the same for 1 row as for 16; only the
+# flops grow, and at 16 rows they are still under the memory's time (200-300 GFLOP/s on two
+# cores: 4.3 GFLOP, 15-20 ms). So many rows should cost almost what one row costs.
 #
-# The fix is a layout. A `PanelWeight` keeps the weight as Hugging Face stores it, (out, in): one
-# row of `in` floats per output. Read PANEL (32) rows at a time, it is a stack of out/32 panels
-# of (32, in), and `x @ w` for 2 to 63 rows is then a stack of small products that OpenBLAS
-# computes straight from memory, without packing (its "small-matrix" kernel), reading each
-# weight once whatever the batch; the panels are split over the cores that are free now. One
-# row keeps BLAS's matrix-vector code on the whole matrix (it is the fastest there), and from 64
-# rows on the products are big enough for the GEMM's packing to pay. The layout costs no copy:
-# the three paths read the same memory. Other BLAS libraries choose differently (Apple's
-# Accelerate on a Mac, MKL), so the choice is timed once on each machine (`panels_pay`).
-# Measured: bench/results/2026-12-01-cpu-2core-numpy-batching/.
+# What this machine's BLAS does in between (OpenBLAS in NumPy's wheel on a 2-core Xeon; measured
+# by `python -m minipaged.bench projections`, bench/results/2026-12-02-cpu-2core-numpy-decode/):
+#   1 row     its matrix-vector code on 2 threads reads the weights at the copy bandwidth (about
+#             25 GB/s): one step's products in 20-21 ms, the floor.
+#   2-63      its GEMM packs (copies) each weight into cache-sized tiles at every call, then
+#             computes: 2.5-3x the time of reading it. Kept as PANEL-row panels of the (out, in)
+#             layout, the product is a stack of small ones that its small-matrix kernel computes
+#             straight from memory: one core reads at its own limit (14-15 GB/s, what the
+#             matrix-vector code gets on one core). A second core needs a second thread, and each
+#             product hands half of its panels to it: 70-130 us per hand-off here (a sleeping
+#             thread is woken, the GIL changes hands), 121 products a step, 10-15 ms that the
+#             matrix-vector code never pays (its threads wait spinning inside OpenBLAS). So two
+#             rows take 1.5-1.7x one row's step, not 1x.
+#   64+       packing pays for itself: one GEMM on the whole matrix.
+# Tried and dropped (same command): one matrix-vector product per row (each row reads the
+# weights again: 2 rows 1.6x, 4 rows 2.5x), column blocks of the (in, out) layout through the
+# GEMM, panels of 16, 64 and 128 rows, and BLIS (cython-blis's wheel: 6x slower). The layout
+# costs no copy: all three paths read the same memory. Apple's Accelerate and MKL choose their
+# own kernels, so the panels are timed once per machine (`panels_pay`) and dropped where they
+# do not gain.
 
 PANEL = 32        # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
 GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
+
+
+def projection_path(rows: int) -> str:
+    """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is made):
+    "matrix-vector" for one row, "panels" for 2 to GEMM_ROWS - 1, "gemm" from GEMM_ROWS on."""
+    if rows == 1:
+        return "matrix-vector"
+    return "panels" if rows < GEMM_ROWS else "gemm"
 
 
 class PanelWeight:
@@ -181,10 +198,16 @@ class PanelWeight:
     def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.shape[0]:
             raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
-        if len(x) == 1 or len(x) >= GEMM_ROWS:
-            return x @ self.dense()
+        if projection_path(len(x)) == "panels":
+            return self.by_panels(x)
+        return x @ self.dense()  # BLAS: its matrix-vector code for one row, its GEMM for many
+
+    def by_panels(self, x: np.ndarray, cores: int | None = None) -> np.ndarray:
+        """x @ w as one small product per panel, the panels split over `cores` threads (default:
+        the cores free now)."""
         out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))
-        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]), len(self.panels))
+        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]),
+               len(self.panels), cores or _cores.now)
         return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
 
 
@@ -217,10 +240,10 @@ def panels_pay() -> bool:
     return best(lambda: x @ panels) < best(lambda: x @ w)
 
 
-def _split(work, n: int) -> None:
-    """Runs work(lo, hi) over [0, n) in one piece per free core: the others in a thread pool
-    (NumPy releases the GIL inside BLAS), the first in this thread."""
-    parts = min(_cores.now, n)
+def _split(work, n: int, cores: int) -> None:
+    """Runs work(lo, hi) over [0, n) in one piece per core: the others in a thread pool (NumPy
+    releases the GIL inside BLAS), the first in this thread."""
+    parts = min(cores, n)
     bounds = [n * i // parts for i in range(parts + 1)]
     futures = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     work(bounds[0], bounds[1])
