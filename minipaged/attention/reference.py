@@ -34,7 +34,8 @@ def gather(cache, block_tables, context_lens, num_positions: int) -> np.ndarray:
     copy per position costs 3-4x as much in NumPy."""
     num_seqs, block_size = len(context_lens), cache.shape[1]
     frames = np.asarray(block_tables)[:, :cdiv(num_positions, block_size)]    # (num_seqs, frames)
-    rows = cache[np.maximum(frames, 0)]                                      # -1 padding: any frame, zeroed below
+    used = cache[:, :min(block_size, num_positions)]    # a frame bigger than the context: only its start
+    rows = used[np.maximum(frames, 0)]                  # -1 padding: any frame, zeroed below
     rows = rows.reshape(num_seqs, -1, *cache.shape[2:])[:, :num_positions]   # (num_seqs, positions, kvh, hd)
     rows = rows.astype(np.float32, copy=False)
     rows[np.arange(num_positions) >= np.asarray(context_lens)[:, None]] = 0  # rows is a copy: zero in place
