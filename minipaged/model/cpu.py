@@ -143,21 +143,23 @@ def _blas_controllers():
 #   1 row     its matrix-vector code on 2 threads reads the weights at the copy bandwidth (about
 #             25 GB/s): one step's products in 20-21 ms, the floor.
 #   2-63      its GEMM packs (copies) each weight into cache-sized tiles at every call, then
-#             computes: 2.5-3x the time of reading it. Kept as PANEL-row panels of the (out, in)
-#             layout, the product is a stack of small ones that its small-matrix kernel computes
-#             straight from memory: one core reads at its own limit (14-15 GB/s, what the
-#             matrix-vector code gets on one core). A second core needs a second thread, and each
-#             product hands half of its panels to it: 70-130 us per hand-off here (a sleeping
-#             thread is woken, the GIL changes hands), 121 products a step, 10-15 ms that the
-#             matrix-vector code never pays (its threads wait spinning inside OpenBLAS). So two
-#             rows take 1.5-1.7x one row's step, not 1x.
+#             computes: 2.5x the time of reading it, so 2 rows took 3.5x one row. Kept as
+#             PANEL-row panels of the (out, in) layout, the product is a stack of small ones that
+#             its small-matrix kernel computes straight from memory: one core reads at 12-13 GB/s,
+#             near its own limit (15 GB/s for the matrix-vector code on one core). A second core
+#             needs a second thread, and each product hands half of its panels to it: about 90 us
+#             per hand-off here (a sleeping thread is woken, the GIL changes hands), 121 products
+#             a step, some 10 ms that the matrix-vector code never pays (its threads wait
+#             spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x, and 16
+#             rows 2.8x.
 #   64+       packing pays for itself: one GEMM on the whole matrix.
-# Tried and dropped (same command): one matrix-vector product per row (each row reads the
-# weights again: 2 rows 1.6x, 4 rows 2.5x), column blocks of the (in, out) layout through the
-# GEMM, panels of 16, 64 and 128 rows, and BLIS (cython-blis's wheel: 6x slower). The layout
-# costs no copy: all three paths read the same memory. Apple's Accelerate and MKL choose their
-# own kernels, so the panels are timed once per machine (`panels_pay`) and dropped where they
-# do not gain.
+# Tried and dropped: one matrix-vector product per row (each row reads the weights again: 2 rows
+# 1.7-1.9x one row, 4 rows 2.6x; `bench projections` shows it), column blocks of the (in, out)
+# layout through the GEMM, panels of 16, 64 and 128 rows, splitting only the larger products,
+# handing the pieces over with locks instead of futures (the same within noise), and BLIS
+# (cython-blis's wheel: 4-10x slower). The layout costs no copy: all three paths read the same
+# memory. Apple's Accelerate and MKL choose their own kernels, so the panels are timed once per
+# machine (`panels_pay`) and dropped where they do not gain.
 
 PANEL = 32        # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
 GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
