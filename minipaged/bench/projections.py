@@ -1,12 +1,7 @@
 """`python -m minipaged.bench projections`: one decode step's weight products, each way a CPU
-can compute them, for a few row counts, beside the memory's limit.
-
-The evidence behind `minipaged.model.cpu.projection_path`: for each number of rows (sequences
-in the step), the model's own weights multiplied the engine's way and the ways it did not
-choose, every product of a step in order (each weight read from memory, none in cache), the
-best of --repeats. A way reads the weights at some GB/s; the memory's limit is the copy
-bandwidth that `bench decode` prints. Also the cost of handing work to a second thread, which
-splitting a product over the cores pays once per product.
+can compute them (matrix-vector per row, BLAS's GEMM, panels on one core or split over the
+cores), for a few row counts, in GB/s beside the copy bandwidth: the evidence behind
+`minipaged.model.cpu.projection_path`, and what a split's hand-off to a second thread costs.
 """
 
 from __future__ import annotations
