@@ -14,7 +14,7 @@ import numpy as np
 from minipaged import beam, policies
 from minipaged.config import EngineConfig
 from minipaged.model import IncrementalDetokenizer, Model, Tokenizer
-from minipaged.outputs import CompletionOutput, ExtraRow, RequestOutput, StepReport
+from minipaged.outputs import ExtraRow, RequestOutput, StepReport
 from minipaged.paging import SWAP_SPACE, KVCache, default_kv_memory, num_blocks_for_memory
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
@@ -95,33 +95,35 @@ class LLMEngine:
         if batch.scheduled:
             self.model.follow_machine_load()  # on a shared CPU: as many BLAS threads as cores are free
             extra = self.lookahead.propose(batch) if self.lookahead is not None else {}  # seq -> extra tokens
-            logits = self.runner.run(self.runner.prepare(batch, extra))     # (num_seqs + extra tokens, vocab)
-            done, rows = self._sample_and_update(batch, logits, extra)
+            inputs = self.runner.prepare(batch, extra)
+            logits = self.runner.run(inputs)                  # (sum(inputs.num_logits), vocab): row after row
+            done, rows = self._sample_and_update(batch, np.split(logits, np.cumsum(inputs.num_logits)[:-1]), extra)
             finished = [self._finish(r) for r in done]
         self.step_count += 1
         return StepReport.of(self.step_count - 1, batch, extra, rows, finished, self.blocks, before, start)
 
     # ---- inside a step -----------------------------------------------------------------------
-    def _sample_and_update(self, batch: Batch, logits: np.ndarray, extra: dict) -> tuple[list[Request], list]:
+    def _sample_and_update(self, batch: Batch, blocks: list[np.ndarray], extra: dict) -> tuple[list[Request], list]:
         """Pick each sampler's next token (or the next beams; or, for a row with extra tokens,
         the lookahead's emitted ones), cut each at a stop, and let the scheduler apply it all;
         returns the requests that finished, and an ExtraRow per row that ran extra tokens."""
-        plain, beams, emitted, at = [], {}, {}, 0
-        for s in batch.scheduled:  # each row's logits: its last token's, then its extra tokens'
-            block, at = logits[at:at + 1 + len(extra.get(s.seq, ()))], at + 1 + len(extra.get(s.seq, ()))
+        plain, beams, emitted = [], {}, {}
+        for s, block in zip(batch.scheduled, blocks):  # each row's logits: its last token's (prompt logprobs:
+            block = s.request.take_prompt_logprobs(s.seq.num_computed, block)  # every one's), its extra tokens'
             if s.seq in extra:
-                emitted[s.seq] = (s.request, self.lookahead.emit(s, extra[s.seq], block))
+                emitted[s.seq] = (s.request, self.lookahead.emit(s, extra[s.seq], block), block)
             for seq in [] if s.seq in extra else s.samplers:  # forked samples share logits
                 if s.request.beam_search:
                     beams.setdefault(s.request, []).append((seq, block[-1]))
                 else:
-                    plain.append((s.request, seq, block[-1]))
-        picked = sample(np.stack([row for *_, row in plain]), [r.params for r, *_ in plain],
-                        [seq.generator.at(len(seq.token_ids)) for _, seq, _ in plain]) if plain else []
-        emitted.update({seq: (request, [int(token)]) for (request, seq, _), token in zip(plain, picked)})
+                    plain.append((s.request, seq, block))
+        picked = sample(np.stack([block[-1] for *_, block in plain]), [r.params for r, *_ in plain],
+                        [seq.generator.at(len(seq.token_ids)) for _, seq, _ in plain],
+                        [seq for _, seq, _ in plain], self.eos_token_ids) if plain else []
+        emitted.update({seq: (request, [int(token)], block) for (request, seq, block), token in zip(plain, picked)})
         kept, stopped = {}, set()  # each one's tokens up to the first that ends its text
-        for seq, (request, tokens) in emitted.items():
-            kept[seq], stop = seq.keep_until_stop(tokens, request.params, self.eos_token_ids)
+        for seq, (request, tokens, block) in emitted.items():
+            kept[seq], stop = seq.keep_until_stop(tokens, request.params, self.eos_token_ids, block)
             if stop:
                 stopped.add(seq)
         for s in batch.scheduled:
@@ -132,7 +134,7 @@ class LLMEngine:
                  for request, pairs in beams.items()}
         finished = self.scheduler.update(batch, {seq: t[-1] for seq, t in kept.items()}, stopped, steps,
                                          {seq: t[:-1] for seq, t in kept.items()})
-        for seq, (request, _) in emitted.items():
+        for seq, (request, *_) in emitted.items():
             seq.release(request.params.stop)
         return finished, [ExtraRow(s.request.request_id, s.seq.index, len(extra[s.seq]), len(emitted[s.seq][1]),
                                    len(kept[s.seq]) - 1) for s in batch.scheduled if s.seq in extra]
@@ -145,10 +147,11 @@ class LLMEngine:
         params.validate()
         text, ids = self._prompt_ids(prompt)
         vocab = self.model.config.vocab_size
-        for name, values in (("prompt token id", ids), ("stop_token_ids entry", params.stop_token_ids)):
+        for name, values in (("prompt token id", ids), ("stop_token_ids entry", params.stop_token_ids),
+                             ("logit_bias key", params.logit_bias)):
             bad = [t for t in values if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"{name} {bad[0]} is outside this model's vocabulary (0..{vocab - 1})")
+                raise ValueError(f"{name} {bad[0]} is out of vocabulary (this model's ids are 0..{vocab - 1})")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens; this model's max_model_len is "
                              f"{self.max_model_len} (and one token must be generated)")
@@ -193,10 +196,10 @@ class LLMEngine:
 
     def _output(self, request: Request) -> RequestOutput:
         outputs = beam.outputs(request, self.tokenizer.decode) if request.beam_search else \
-            [CompletionOutput(s.index, s.text, s.output_ids, s.finish_reason) for s in request.seqs]
+            [s.completion(request.params) for s in request.seqs]
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
                              finished=request.status is Status.FINISHED,
-                             num_cached_tokens=request.num_cached_tokens)
+                             num_cached_tokens=request.num_cached_tokens, prompt_logprobs=request.prompt_logprobs)
 
 
 def check_text(text, name: str) -> str:

@@ -12,12 +12,23 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class Logprob:
+    """vLLM's: one token's log probability under the model's own distribution, its rank there
+    (1: the likeliest) and its text alone."""
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" (eos, stop token/string), "length", "abort", "rejected"
-    cumulative_logprob: float | None = None  # beam search only
+    cumulative_logprob: float | None = None  # beam search, or asked for logprobs: the sum of its tokens'
+    logprobs: list[dict[int, Logprob]] | None = None  # asked for logprobs: per token, its own and the top ones
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended it (None: eos, length)
 
 
 @dataclass(slots=True)
@@ -29,6 +40,7 @@ class RequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None    # why the request was rejected; the others still ran
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # asked for: per prompt token (the first: None)
 
 
 @dataclass(slots=True)

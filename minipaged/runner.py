@@ -89,9 +89,9 @@ class ModelRunner:
         self.kv.apply(moves, self.attention.impl.copy_blocks)
 
     def prepare(self, batch, extra: dict | None = None) -> StepInputs:
-        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens, and after
-        them its `extra` tokens (sequence -> tokens in its extra slots), each with logits; then
-        the padding rows of a static batch, which compute their last token again and write nothing."""
+        """The flat inputs of a scheduler Batch: each scheduled sequence's new tokens (the last with
+        logits, or as many as its request asks: Request.num_logits), then its `extra` tokens (sequence
+        -> tokens in its extra slots), each with logits; then a static batch's padding rows, which write nothing."""
         extra, rows = extra or {}, []
         for s in batch.scheduled:  # (token ids, seq id, new tokens, tokens it then holds, writes K and V?)
             more = extra.get(s.seq, [])
@@ -101,8 +101,8 @@ class ModelRunner:
         tokens, seq_ids, lens, ends, writes = zip(*rows)
         inputs = step_inputs(self.blocks, list(seq_ids), list(lens), list(ends), list(writes),
                              [ids[end - n:end] for ids, _, n, end, _ in rows])
-        if extra:
-            inputs.num_logits = [1 + len(extra.get(s.seq, [])) for s in batch.scheduled] + [1] * len(batch.padding)
+        inputs.num_logits = [s.request.num_logits(s.num_new_tokens) + len(extra.get(s.seq, []))
+                             for s in batch.scheduled] + [1] * len(batch.padding)
         return inputs
 
     def run(self, inputs: StepInputs, model: Model | None = None) -> np.ndarray:

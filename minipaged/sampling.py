@@ -26,6 +26,15 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     beam_width: int = 1             # > 1: beam search (deterministic); returns the n best beams
+    # vLLM's controls of the logits, applied in vLLM's order (adjust): 0, 1, 0, 0, {} are off
+    presence_penalty: float = 0.0   # in [-2, 2]: subtracted once from a token already in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per time a token is in the output
+    repetition_penalty: float = 1.0  # > 0: divides (logit > 0) or multiplies a token of prompt or output
+    min_p: float = 0.0              # in [0, 1]: drops tokens less likely than min_p times the likeliest
+    min_tokens: int = 0             # neither an end-of-sequence nor a stop token before this many tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
+    logprobs: int | None = None     # per output token: its log probability and the `logprobs` likeliest (-1: all)
+    prompt_logprobs: int | None = None  # the same for each prompt token after the first (read by the prefill)
 
     def __post_init__(self):
         self.validate()
@@ -36,10 +45,19 @@ class SamplingParams:
         self.stop = [self.stop] if isinstance(self.stop, str) else [] if self.stop is None else self.stop
         self.stop_token_ids = int_list([] if self.stop_token_ids is None else self.stop_token_ids,
                                        "stop_token_ids")
-        for name, low in [("n", 1), ("max_tokens", 1), ("beam_width", 1), ("top_k", -1)]:
+        for name, low in [("n", 1), ("max_tokens", 1), ("beam_width", 1), ("top_k", -1), ("min_tokens", 0)]:
             check_int(name, getattr(self, name), low)
         check_real("temperature", self.temperature, 0, "(0 = greedy)")
         check_real("top_p", self.top_p, 0, "and at most 1")
+        for name, low, high in [("presence_penalty", -2, 2), ("frequency_penalty", -2, 2), ("min_p", 0, 1)]:
+            check_range(name, getattr(self, name), low, high)
+        if not is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < np.inf:
+            raise ValueError(f"repetition_penalty must be a number greater than zero (1 = off), "
+                             f"got {self.repetition_penalty!r}")
+        self.logit_bias = check_logit_bias({} if self.logit_bias is None else self.logit_bias)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), -1)
         if self.seed is not None:
             check_int("seed", self.seed, 0)
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
@@ -67,11 +85,31 @@ class SamplingParams:
              f"{self.temperature} would be ignored: leave it at 1.0 (or 0)"),
             (not beam or (self.top_k == -1 and self.top_p == 1),
              "beam search considers every token: top_k and top_p cannot be set with beam_width > 1"),
+            (self.min_tokens <= self.max_tokens,
+             f"min_tokens must be at most max_tokens={self.max_tokens}, got {self.min_tokens}"),
+            # beams are ranked by the model's own log probabilities (beam.step): a control of the
+            # logits would be silently left out of the ranking, so it is refused, as top_k is
+            (not beam or not (self.adjusts_logits or self.min_p), "beam search ranks beams by the model's own log "
+             "probabilities: presence_penalty, frequency_penalty, repetition_penalty, min_p, min_tokens and "
+             "logit_bias cannot be set with beam_width > 1"),
+            (not beam or self.logprobs is None, "logprobs cannot be set with beam_width > 1: each beam's "
+             "cumulative_logprob is in its output"),
         ]
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Do penalties, logit_bias or min_tokens change this request's logits (adjust)?"""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.min_tokens)
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """vLLM's: prompt logprobs need the logits of every prompt token, so none may be a cache hit."""
+        return self.prompt_logprobs is not None
 
     def ends(self, token: int, eos_token_ids) -> bool:
         """Does this token end the text: an end-of-sequence token (unless ignore_eos), or a stop token?"""
@@ -83,6 +121,11 @@ def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+def is_number(value) -> bool:
+    """A Python or NumPy integer or float, not a bool."""
+    return is_int(value) or isinstance(value, (float, np.floating))
+
+
 def check_int(name: str, value, minimum: int) -> None:
     if not is_int(value):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
@@ -91,8 +134,24 @@ def check_int(name: str, value, minimum: int) -> None:
 
 
 def check_real(name: str, value, minimum: float, more: str) -> None:
-    if not (is_int(value) or isinstance(value, (float, np.floating))) or not minimum <= value < np.inf:
+    if not is_number(value) or not minimum <= value < np.inf:
         raise ValueError(f"{name} must be a number >= {minimum} {more}, got {value!r}")
+
+
+def check_range(name: str, value, low: float, high: float) -> None:
+    if not is_number(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+
+
+def check_logit_bias(bias) -> dict[int, float]:
+    """{token id: bias in [-100, 100]} (OpenAI's bounds), else a ValueError naming logit_bias."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}")
+    for token, value in bias.items():
+        if not is_int(token) or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r:.40}")
+        check_range(f"logit_bias[{token}]", value, -100, 100)
+    return {int(t): float(v) for t, v in bias.items()}
 
 
 def int_list(value, name: str) -> list[int]:
@@ -136,11 +195,14 @@ def make_generator(params: SamplingParams, sample_index: int = 0) -> RandomStrea
     return RandomStream(params.seed, sample_index)
 
 
-def sample(logits: np.ndarray, params: list[SamplingParams],
-           generators: list[np.random.Generator]) -> list[int]:
-    """One token id per row of logits (rows, vocab), float32 on the host. Greedy when temperature
-    is 0; otherwise temperature, then top-k, then top-p, then a draw from each sequence's own
-    random generator, so a seeded request gets the same tokens whatever else is in the batch."""
+def sample(logits: np.ndarray, params: list[SamplingParams], generators: list[np.random.Generator],
+           seqs: list | None = None, eos_token_ids=()) -> list[int]:
+    """One token id per row of logits (rows, vocab), float32 on the host. The penalties,
+    logit_bias and min_tokens first (adjust: they read each row's sequence, anything with
+    token_ids and prompt_len); then greedy when temperature is 0; otherwise temperature, min-p,
+    top-k, top-p, then a draw from each sequence's own random generator, so a seeded request
+    gets the same tokens whatever else is in the batch."""
+    logits = logits if seqs is None else adjust(logits, params, seqs, eos_token_ids)
     tokens = logits.argmax(axis=-1).tolist()  # greedy for all rows; sampled rows overwrite
     for row, (p, gen) in enumerate(zip(params, generators)):
         if not p.greedy:
@@ -148,17 +210,57 @@ def sample(logits: np.ndarray, params: list[SamplingParams],
     return tokens
 
 
+def adjust(logits: np.ndarray, params: list[SamplingParams], seqs: list, eos_token_ids=()) -> np.ndarray:
+    """vLLM's controls of the logits (rows, vocab), in vLLM's order: min_tokens bans the ends
+    (every end-of-sequence and stop token) while the output is shorter; logit_bias adds; then
+    the penalties (vllm/model_executor/layers/utils.py, apply_penalties): repetition_penalty
+    divides the positive logits and multiplies the others of every token in prompt or output,
+    frequency_penalty is subtracted per time a token is in the output, presence_penalty once.
+    The rows that ask for none are returned as they are (and the array itself when none asks)."""
+    rows = [i for i, p in enumerate(params) if p.adjusts_logits]
+    if not rows:
+        return logits
+    x, vocab = logits[rows].astype(np.float32), logits.shape[-1]      # (len(rows), vocab), a copy
+    counts = np.zeros((len(rows), vocab), dtype=np.int32)              # each token's count in the output
+    in_prompt = np.zeros((len(rows), vocab), dtype=bool)
+    banned = np.zeros((len(rows), vocab), dtype=bool)                  # min_tokens: the ends, for now
+    for j, i in enumerate(rows):
+        p, seq = params[i], seqs[i]
+        output = seq.token_ids[seq.prompt_len:]
+        counts[j] = np.bincount(np.asarray(output, dtype=np.int64), minlength=vocab)[:vocab]
+        in_prompt[j, seq.token_ids[:seq.prompt_len]] = True
+        if len(output) < p.min_tokens:
+            banned[j, [t for t in {*eos_token_ids, *p.stop_token_ids} if t < vocab]] = True
+        if p.logit_bias:
+            x[j, list(p.logit_bias)] += np.array(list(p.logit_bias.values()), dtype=np.float32)
+    repetition, frequency, presence = (np.array([getattr(params[i], name) for i in rows], dtype=np.float64)[:, None]
+                                       for name in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+    repetition = np.where(in_prompt | (counts > 0), repetition, 1.0)   # (len(rows), vocab)
+    with np.errstate(over="ignore"):  # a penalty of 1e-300 or 1e300 overflows: bounded, never inf or NaN
+        x = np.where(x > 0, x / repetition, x * repetition) - frequency * counts - presence * (counts > 0)
+    x = np.clip(x, -LOGIT_BOUND, LOGIT_BOUND).astype(np.float32)
+    x[banned] = -np.inf  # last, which is the same as first (-inf stays -inf through the rest), vLLM's order
+    out = logits.copy()
+    out[rows] = x
+    return out
+
+
+LOGIT_BOUND = 1e30  # adjusted logits stay within it: divided by any temperature >= GREEDY_BELOW, still finite
+
+
 def sample_row(logits: np.ndarray, p: SamplingParams, gen: np.random.Generator) -> int:
-    """Temperature -> top-k -> top-p -> draw, for one row of logits (vocab,)."""
+    """Temperature -> min-p -> top-k -> top-p -> draw, for one row of logits (vocab,)."""
     order, kept = candidates(logits, p)
     return int(draw(kept, gen) if order is None else order[draw(kept, gen)])
 
 
 def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray | None, np.ndarray]:
-    """Temperature -> top-k -> top-p of one row (vocab,): the token ids left, most likely first
-    (None: all of them, in id order), and their weights (not normalised)."""
+    """Temperature -> min-p -> top-k -> top-p of one row (vocab,): the token ids left, most
+    likely first (None: all of them, in id order), and their weights (not normalised)."""
     scaled = logits / np.float32(p.temperature)
-    probs = np.exp(scaled - scaled.max())                  # (vocab,), not yet normalised
+    probs = np.exp(scaled - scaled.max())                  # (vocab,), not yet normalised: the likeliest is 1
+    if p.min_p > 0:                                        # vLLM's: below min_p times the likeliest
+        probs = np.where(probs < p.min_p, 0.0, probs)
     k = p.top_k if p.top_k > 0 else len(probs)
     if k == len(probs) and p.top_p == 1.0:
         return None, probs

@@ -329,7 +329,8 @@ class Scheduler:
         the tokens not yet in the cache (or their first chunk)."""
         first, live = mapped[0], request.live
         for seq in mapped:
-            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, self._final_len(request))
+            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, self._final_len(request),
+                                                    read_cache=not request.params.skip_reading_prefix_cache)
             batch.cached_tokens += seq.num_computed
         for seq in live[len(mapped):]:
             self._fork(first, seq)

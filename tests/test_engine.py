@@ -34,7 +34,7 @@ def test_bad_prompts_are_rejected_and_the_others_still_run(llm):
                          {"tokens": [1]}, good], GREEDY, use_tqdm=False)
     assert [o.error is None for o in outs] == [True, False, False, False, False, True]
     assert "prompt is empty" in outs[1].error
-    assert "token id 10000 is outside this model's vocabulary" in outs[2].error
+    assert "token id 10000 is out of vocabulary" in outs[2].error
     assert "prompt has 64 tokens; this model's max_model_len is 64" in outs[3].error
     assert "must be a string or" in outs[4].error
     assert outs[0].outputs[0].token_ids == outs[5].outputs[0].token_ids == greedy_generate(llm.model, [1, 5, 9], 12)

@@ -236,6 +236,7 @@ def draw_params(rng, kind: str, prompt_len: int, max_model_len: int, sc: Scenari
         return SamplingParams(beam_width=width, n=int(rng.integers(1, width + 1)), max_tokens=max_tokens, **extra)
     if sc.stops and rng.random() < 0.4:
         extra["stop"] = stop_strings(rng, words)
+    extra |= draw_controls([sc.seed, prompt_len, max_tokens, len(extra)], max_tokens, vocab, "stop" in extra)
     if kind == "greedy":
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, **extra)
     if kind == "samples" and rng.random() < 0.4:
@@ -247,6 +248,24 @@ def draw_params(rng, kind: str, prompt_len: int, max_model_len: int, sc: Scenari
     n = int(rng.integers(2, 5)) if kind == "samples" else 1
     return SamplingParams(n=n, temperature=float(rng.choice([0.7, 1.0, 1.5])), seed=int(rng.integers(1000)),
                           max_tokens=max_tokens, **extra)
+
+
+def draw_controls(key: list[int], max_tokens: int, vocab: int, stop_strings: bool) -> dict:
+    """vLLM's controls of the logits and logprobs for a third of the requests that are not beams,
+    one to three at a time, drawn from a generator of their own (`key`: what was drawn before),
+    so the scenarios' other draws stay as they were. min_tokens never meets stop strings (the
+    rule 'no stop string in the text' does not hold within the first min_tokens tokens)."""
+    rng = np.random.default_rng(key)
+    if rng.random() > 0.33:
+        return {}
+    options = [{"presence_penalty": float(rng.uniform(-2, 2))}, {"frequency_penalty": float(rng.uniform(-2, 2))},
+               {"repetition_penalty": float(rng.choice([0.5, 1.3, 2.0]))},
+               {"logit_bias": {int(t): float(rng.uniform(-5, 5)) for t in rng.integers(0, vocab, 3)}},
+               {"min_p": float(rng.choice([0.05, 0.3]))}, {"logprobs": int(rng.integers(0, 3))},
+               {"prompt_logprobs": int(rng.integers(0, 3))}]
+    options += [] if stop_strings else [{"min_tokens": int(rng.integers(0, max_tokens + 1))}]
+    chosen = rng.choice(len(options), int(rng.integers(1, 4)), replace=False)
+    return {k: v for i in chosen for k, v in options[i].items()}
 
 
 def draw_requests(sc: Scenario, vocab: int, words) -> list[Req]:
@@ -539,6 +558,13 @@ def check_output(out, prompt, params: SamplingParams, max_model_len: int, prefix
             fail("length-too-early", f"output {c.index} ended 'length' after {len(c.token_ids)} tokens")
         if any(s in c.text for s in params.stop):
             fail("stop-string-in-text", f"output {c.index} text {c.text!r} contains a stop string")
+        if params.logprobs is not None and (len(c.logprobs) != len(c.token_ids)
+                                            or any(t not in step for t, step in zip(c.token_ids, c.logprobs))):
+            fail("logprobs", f"output {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
+        if c.finish_reason == "stop" and len(c.token_ids) < params.min_tokens:
+            fail("min_tokens", f"output {c.index} ended after {len(c.token_ids)} < min_tokens tokens")
+    if params.prompt_logprobs is not None and not aborted and len(out.prompt_logprobs or ()) != len(prompt):
+        fail("prompt_logprobs", f"{len(out.prompt_logprobs or ())} prompt logprobs for {len(prompt)} tokens")
     if params.temperature == 0 and not beam and not aborted \
             and len({(tuple(c.token_ids), c.text) for c in out.outputs}) > 1:
         fail("greedy-samples-differ", "greedy samples of one prompt differ: "
@@ -569,6 +595,10 @@ def compare(out, ref, params: SamplingParams, aborted: bool, where: str) -> None
             if (list(got) if name == "token_ids" else got) != (list(want) if name == "token_ids" else want):
                 raise FuzzFailure(f"differs-from-alone:{name}", f"{where}: sample {c.index} {name} {got!r}, "
                                   f"alone {want!r} (tokens {list(c.token_ids)} vs {list(r.token_ids)}; {params})")
+        if c.logprobs is not None and list(c.token_ids) == list(r.token_ids) and not np.allclose(
+                [s[t].logprob for t, s in zip(c.token_ids, c.logprobs)],
+                [s[t].logprob for t, s in zip(r.token_ids, r.logprobs)], atol=1e-3):
+            raise FuzzFailure("differs-from-alone:logprobs", f"{where}: sample {c.index}'s logprobs ({params})")
     if not aborted and len(out.outputs) != len(ref.outputs):
         raise FuzzFailure("outputs-count", f"{where}: {len(out.outputs)} outputs, alone {len(ref.outputs)}")
 
@@ -850,7 +880,7 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
         left, right = texts[k], texts[k + 1]
         stop = f"{left[-int(rng.integers(1, len(left) + 1)):]} {right[:int(rng.integers(1, len(right) + 1))]}"
         stats.kinds["stop-inside"] += 1
-        return SamplingParams(**{f.name: getattr(p, f.name) for f in fields(p)} | {"stop": [stop]})
+        return SamplingParams(**{f.name: getattr(p, f.name) for f in fields(p)} | {"stop": [stop], "min_tokens": 0})
 
     def generate(label):
         batch = [request() for _ in range(int(rng.integers(1, 4)))]

@@ -198,7 +198,7 @@ def test_bad_requests_are_refused_and_the_rest_finish(folder):
     cases = [
         ("long", {"prompt_token_ids": [5] * 64}, good, "prompt has 64 tokens; this model's max_model_len is 64"),
         ("empty", "", good, "prompt is empty"),
-        ("vocab", {"prompt_token_ids": [1, 99999]}, good, "outside this model's vocabulary"),
+        ("vocab", {"prompt_token_ids": [1, 99999]}, good, "out of vocabulary"),
         ("ok-1", {"prompt_token_ids": [1]}, good, "request id 'ok-1' is already in use"),
         ("params", {"prompt_token_ids": [1]}, {"max_tokens": 3}, "params must be SamplingParams"),
     ]

@@ -170,7 +170,8 @@ def test_the_server_log_stays_clean_through_mistakes_and_hang_ups(tiny_llm, tmp_
         mistakes = [b'{"prompt": "alpha \\ud800"}', b"[" * 5000, b'{"prompt": "a", "max_tokens": ' + b"9" * 5000 + b"}",
                     b'{"messages": [{"role": "user"}]}', b"not json"]
         for body in mistakes:
-            assert httpx.post(f"{url}/v1/completions", content=body).status_code == 400
+            assert httpx.post(f"{url}/v1/completions", content=body,
+                              headers={"Content-Type": "application/json"}).status_code == 400
         assert httpx.get(f"{url}/v1/completions").status_code == 405
         assert httpx.post(f"{url}/v1/embeddings", json={}).status_code == 404
         wait_until_idle(url, seconds=10)  # no frame leaked

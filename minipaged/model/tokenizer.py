@@ -23,6 +23,7 @@ class Tokenizer:
         self.hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        self.config = config  # tokenizer_config.json as read (the server's /tokenizer_info)
         self.special_tokens = {key: _content(config.get(key)) for key in
                                ("bos_token", "eos_token", "unk_token", "pad_token")}
         template = config.get("chat_template")
@@ -45,22 +46,34 @@ class Tokenizer:
     def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt string for a conversation, exactly as transformers renders it."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            continue_final_message: bool = False) -> str:
+        """The prompt string for a conversation, exactly as transformers renders it; with
+        continue_final_message, it ends where the last message's content ends (transformers'
+        way), so that the model continues that message instead of starting a new one."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer_config.json has no chat_template; "
                              "use generate() with a plain prompt instead of chat()")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {message!r}")
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            **{k: v for k, v in self.special_tokens.items() if v is not None})
+        try:
+            text = self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                **{k: v for k, v in self.special_tokens.items() if v is not None})
+        except jinja2.TemplateError as error:  # the template's raise_exception(): it refuses this conversation
+            raise ValueError(f"the chat template refused the conversation: {error}") from None
+        return open_end(text, messages[-1]["content"]) if continue_final_message and messages else text
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        # the template already wrote the special tokens; do not let the tokenizer add a BOS again
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt),
-                           add_special_tokens=False)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+        # the template already wrote the special tokens: the tokenizer adds its BOS again only when asked
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, continue_final_message),
+                           add_special_tokens=add_special_tokens)
+
+    def token_strings(self, token_ids) -> list[str]:
+        """Each id's token as the vocabulary writes it ("Ġworld"), not decoded (vLLM's token_strs)."""
+        return [self.hf.id_to_token(int(t)) or "" for t in token_ids]
 
 
 class IncrementalDetokenizer:
@@ -90,6 +103,17 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
         self.text += new
         return new
+
+
+def open_end(text: str, final: str) -> str:
+    """A rendered chat cut right after its last message's content (whatever the template writes
+    after it, an end-of-turn token, goes): keep the content's trailing spaces if the template kept them."""
+    if not isinstance(final, str) or final.strip() not in text:
+        raise ValueError("continue_final_message is set but the final message does not appear in the chat "
+                         "after applying the chat template")
+    at = text.rindex(final.strip())
+    whole = final.lstrip()
+    return text[:at + len(whole)] if text[at:at + len(whole)] == whole else text[:at + len(final.strip())]
 
 
 def _content(token) -> str | None:

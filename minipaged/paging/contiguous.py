@@ -141,9 +141,9 @@ class ContiguousBlockManager(BlockManager):
         self.refusals += num_frames <= self.device.num_free  # free in all, not in one piece
         return False
 
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0) -> int:
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0, read_cache: bool = True) -> int:
         """Reserve the chunk (final_len 0: as long as max_model_len) and write the prompt's
-        slots into it. No prefix cache: returns 0 cached tokens."""
+        slots into it. No prefix cache (read_cache changes nothing): returns 0 cached tokens."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already exists: free() it first or use a new id")
         if not token_ids:

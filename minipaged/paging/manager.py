@@ -138,18 +138,19 @@ class BlockManager:
         check_size("num_tokens", num_tokens, minimum=0)
         return self.frames_for(num_tokens) <= self.num_free_frames
 
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0) -> int:
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0, read_cache: bool = True) -> int:
         """Map a new sequence's prompt, reusing the frames of its longest cached prefix
         (`final_len`, the longest it may grow, is for allocators that reserve up front).
         Returns how many leading tokens are cache hits (whole blocks, and always fewer than
         len(token_ids): the model must compute the last token to get its logits). Compute
-        the K and V of the rest: slots(seq_id, hits, len(token_ids)) gives where they go."""
+        the K and V of the rest: slots(seq_id, hits, len(token_ids)) gives where they go.
+        read_cache False: no hits (the model must compute every token: prompt logprobs)."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id!r} already exists: free() it first or use a new id")
         token_ids = list(token_ids)
         if not token_ids:
             raise ValueError(f"sequence {seq_id!r} has no tokens: a prompt needs at least one")
-        found = self._cached_prefix(token_ids)  # per cached block: (pool frame, None) or (None, tier frame)
+        found = self._cached_prefix(token_ids) if read_cache else []  # (pool frame, None) or (None, tier frame)
         hits = [frame for frame, _ in found if frame is not None]
         revived = sum(self.device.ref_counts[frame] == 0 for frame in hits)  # leave the free count
         needed = self.frames_for(len(token_ids)) - len(hits)

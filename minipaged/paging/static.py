@@ -23,7 +23,7 @@ class StaticBlockManager(BlockManager):
         super().__init__(num_blocks=check_size("num_slots", num_slots, 0) // max_model_len,
                          block_size=max_model_len, enable_prefix_caching=False)
 
-    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0) -> int:
+    def allocate(self, seq_id: SeqId, token_ids: Sequence[int], final_len: int = 0, read_cache: bool = True) -> int:
         self._check_fits(len(token_ids))
         return super().allocate(seq_id, token_ids)
 

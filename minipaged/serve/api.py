@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import secrets
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -24,15 +27,21 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from minipaged import policies
-from minipaged.serve import protocol
+from minipaged.serve import logprobs, protocol
 from minipaged.serve.dashboard import Dashboard, page
 from minipaged.serve.loop import EngineLoop, Update
 from minipaged.serve.metrics import Metrics
 from minipaged.serve.protocol import ERROR_TYPES, APIError
 
 SAMPLING_FIELDS = {"n", "temperature", "top_k", "top_p", "max_tokens", "stop", "stop_token_ids",
-                   "ignore_eos", "seed"}
+                   "ignore_eos", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                   "min_tokens", "logit_bias", "logprobs", "prompt_logprobs"}
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+LOG = logging.getLogger("minipaged.serve")
+try:
+    VERSION = version("minipaged")  # /version, as vLLM answers it with its own
+except PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "0.1.0"
 
 
 class ClientGone(Exception):
@@ -67,7 +76,9 @@ class Server:
         self.vocab_size = engine.model.config.vocab_size  # for the schema: the engine checks token ids
         order = engine.scheduler.order  # a request's `priority` needs a waiting order that reads it
         self.uses_priority, self.order_name = getattr(order, "uses_priority", False), policies.name_of(order)
-        self.metrics = Metrics(config.model_name)
+        self.metrics = Metrics(config.model_name, self.max_model_len,
+                               {"block_size": self.block_size, "num_gpu_blocks": self.num_frames})
+        self.logged: set[str] = set()  # unknown fields ignored and logged once (debug)
         self.dashboard = Dashboard(config.model_name, config.snapshot_interval, config.dashboard_show_text)
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
         self.slots = ClientSlots(config.max_concurrent_per_client)
@@ -95,6 +106,12 @@ class Server:
         app.get("/v1/models")(self.models)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/chat/completions")(self.chat_completions)
+        app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
+        app.post("/detokenize")(self.detokenize)
+        app.get("/tokenizer_info")(self.tokenizer_info)
+        app.get("/version")(lambda: {"version": VERSION})
+        app.get("/ping")(self.health)  # vLLM's /ping (SageMaker's): /health by another name
+        app.post("/ping")(self.health)
         app.get("/", include_in_schema=False)(lambda: HTMLResponse(page()))
         app.get("/dashboard/snapshot")(self.snapshot)
         app.get("/dashboard/events", include_in_schema=False)(self.snapshot_events)
@@ -110,21 +127,24 @@ class Server:
         return self.app.openapi_schema
 
     def _schema(self) -> dict:
-        schema = get_openapi(title="minipaged", version="0.1.0", routes=self.app.routes,
+        schema = get_openapi(title="minipaged", version=VERSION, routes=self.app.routes,
                              description="An OpenAI-compatible server (python -m minipaged.serve).")
         models = [protocol.CompletionRequest, protocol.ChatCompletionRequest, protocol.CompletionResponse,
-                  protocol.ChatCompletionResponse, protocol.ModelList, protocol.ErrorResponse]
+                  protocol.ChatCompletionResponse, protocol.ModelList, protocol.ErrorResponse,
+                  protocol.TokenizeRequest, protocol.TokenizeChatRequest, protocol.TokenizeResponse,
+                  protocol.DetokenizeRequest, protocol.DetokenizeResponse, protocol.TokenizerInfoResponse,
+                  protocol.VersionResponse]
         _, defs = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
         schema.setdefault("components", {})["schemas"] = self._own_bounds(defs["$defs"])
 
         def ref(name: str) -> dict:
             return {"schema": {"$ref": f"#/components/schemas/{name}"}}
 
-        def errors(*statuses: int) -> dict:
+        def errors(*statuses: int, key: bool = True) -> dict:  # key: the route wants the API key
             return {str(s): {"description": ERROR_TYPES[s], "content": {"application/json": ref("ErrorResponse")}}
-                    for s in statuses + ((401,) if self.config.api_key else ())}
+                    for s in statuses + ((401,) if key and self.config.api_key else ())}
 
-        paths, refusals = schema["paths"], (400, 404, 413, 429, 503) if self.slots.limit else (400, 404, 413, 503)
+        paths, refusals = schema["paths"], (400, 404, 413, 415, 503) + ((429,) if self.slots.limit else ())
         for path, request, response in (("/v1/completions", "CompletionRequest", "CompletionResponse"),
                                         ("/v1/chat/completions", "ChatCompletionRequest", "ChatCompletionResponse")):
             paths[path]["post"]["requestBody"] = {"required": True, "content": {"application/json": ref(request)}}
@@ -134,7 +154,17 @@ class Server:
                     "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}}}
         paths["/v1/models"]["get"]["responses"] = errors() | {
             "200": {"description": "the model served", "content": {"application/json": ref("ModelList")}}}
-        paths["/health"]["get"]["responses"] = errors(503) | {"200": {"description": "the engine loop runs"}}
+        for path, operation in (("/health", "get"), ("/ping", "get"), ("/ping", "post")):
+            paths[path][operation]["responses"] = {"200": {"description": "the engine loop runs"}} | errors(503)
+        tokenize = {"anyOf": [ref("TokenizeRequest")["schema"], ref("TokenizeChatRequest")["schema"]]}
+        for path, request, response in (("/tokenize", {"schema": tokenize}, "TokenizeResponse"),
+                                        ("/detokenize", ref("DetokenizeRequest"), "DetokenizeResponse")):
+            paths[path]["post"]["requestBody"] = {"required": True, "content": {"application/json": request}}
+            paths[path]["post"]["responses"] = {"200": {"description": "vLLM's answer", "content": {
+                "application/json": ref(response)}}} | errors(400, 404, 413, 415, key=False)
+        for path, response in (("/tokenizer_info", "TokenizerInfoResponse"), ("/version", "VersionResponse")):
+            paths[path]["get"]["responses"] = {"200": {"description": "vLLM's answer", "content": {
+                "application/json": ref(response)}}}
         paths["/metrics"]["get"]["responses"] = {"200": {"description": "Prometheus metrics",
                                                          "content": {"text/plain": {"schema": {"type": "string"}}}}}
         if self.config.api_key:
@@ -155,6 +185,7 @@ class Server:
             fields["n"]["maximum"] = min(self.max_num_seqs, self.slots.limit or self.max_num_seqs)
             fields["max_tokens"]["anyOf"][0]["maximum"] = fields["max_completion_tokens"]["anyOf"][0]["maximum"] = limit
             fields["stop_token_ids"]["anyOf"][0]["items"]["maximum"] = self.vocab_size - 1
+        schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] = self.vocab_size - 1
         ids, texts, ids_batch = schemas["CompletionRequest"]["properties"]["prompt"]["anyOf"][1:]  # after str
         most = self.max_num_seqs + self.config.max_waiting
         texts["maxItems"] = ids_batch["maxItems"] = min(most, self.slots.limit or most)  # each prompt is one client slot or more
@@ -165,7 +196,8 @@ class Server:
         """An unknown path (404) or a wrong method (405), in OpenAI's shape rather than FastAPI's."""
         if error.status_code == 404:
             message = (f"{request.method} {request.url.path} is not a route of this server: it answers "
-                       "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics and / (the dashboard)")
+                       "/v1/models, /v1/completions, /v1/chat/completions, vLLM's /tokenize, /detokenize, "
+                       "/tokenizer_info, /version and /ping, /health, /metrics and / (the dashboard)")
         elif error.status_code == 405:
             allowed = (error.headers or {}).get("allow", "another method")
             message = f"{request.url.path} does not take {request.method}: use {allowed}"
@@ -192,18 +224,46 @@ class Server:
             raise APIError(400, f"{len(prompts)} prompts in one request, but this server holds at most {most} "
                            f"requests at once ({self.max_num_seqs} running, --max-waiting {self.config.max_waiting} "
                            f"waiting): send at most {most} prompts per request", "prompt")
-        prompts = [self._prompt(p, "prompt") for p in prompts]
+        prompts = [self._prompt(p, "prompt", body) for p in prompts]
         return await self._generate(request, body, prompts, chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._body(request, protocol.ChatCompletionRequest)
-        conversation = body.conversation()
-        try:
-            ids = self.tokenizer.encode_chat(conversation, body.add_generation_prompt)
-        except ValueError as error:  # no chat template, or a message the template refuses
-            raise APIError(400, str(error), "messages") from None
-        prompt = self._prompt(ids, "messages") | {"prompt": conversation[-1]["content"]}  # for --dashboard-show-text
+        prompt = self._prompt(self._render(body), "messages", body)
+        prompt["prompt"] = body.messages[-1].text()  # for --dashboard-show-text
         return await self._generate(request, body, [prompt], chat=True)
+
+    def _render(self, body) -> list[int]:
+        """A conversation's prompt ids, through the model's chat template (vLLM's options)."""
+        try:
+            return self.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt,
+                                              body.continue_final_message, body.add_special_tokens)
+        except ValueError as error:  # no chat template, or a conversation the template refuses
+            raise APIError(400, str(error), "messages") from None
+
+    async def tokenize(self, request: Request) -> dict:
+        """vLLM's POST /tokenize: a prompt, or messages through the chat template, as token ids."""
+        raw = await self._read(request, key=False)
+        chat = isinstance(raw, dict) and "messages" in raw
+        body = self._check(protocol.TokenizeChatRequest if chat else protocol.TokenizeRequest, raw)
+        ids = self._render(body) if chat else self.tokenizer.encode(body.prompt, body.add_special_tokens)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                "token_strs": self.tokenizer.token_strings(ids) if body.return_token_strs else None}
+
+    async def detokenize(self, request: Request) -> dict:
+        """vLLM's POST /detokenize: token ids back to text (special tokens written out)."""
+        body = self._check(protocol.DetokenizeRequest, await self._read(request, key=False))
+        bad = [t for t in body.tokens if t >= self.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is out of vocabulary (this model's ids are "
+                           f"0..{self.vocab_size - 1})", "tokens")
+        return {"prompt": self.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+    async def tokenizer_info(self) -> dict:
+        """vLLM's GET /tokenizer_info: tokenizer_config.json as read, with its class and chat template."""
+        config = self.tokenizer.config
+        return config | {"tokenizer_class": str(config.get("tokenizer_class", "PreTrainedTokenizerFast")),
+                         "chat_template": self.tokenizer.chat_template}
 
     async def snapshot(self, request: Request) -> JSONResponse:
         return JSONResponse(self._dashboard_view(request) or {})
@@ -250,8 +310,18 @@ class Server:
                            "'Authorization: Bearer <key>' with the key the server was started with")
 
     async def _body(self, request: Request, model):
-        """The body as a checked request: size, JSON, fields, model name."""
-        self._authorize(request)
+        """The body as a checked request: the key, media type, size, JSON, fields, model name."""
+        return self._check(model, await self._read(request))
+
+    async def _read(self, request: Request, key: bool = True):
+        """The body's JSON, read within bounds, after the API key (key: the route wants it) and
+        the media type (vLLM's 415 for anything but JSON)."""
+        if key:
+            self._authorize(request)
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise APIError(415, "Unsupported Media Type: Only 'application/json' is allowed (send the header "
+                           f"'Content-Type: application/json'; this request's is {media or 'missing'!r})")
         limit, length = self.config.max_body_bytes, request.headers.get("content-length", "")
         too_large = APIError(413, f"the request body is larger than this server's limit of {limit} bytes")
         if length.isdigit() and int(length) > limit:
@@ -264,17 +334,42 @@ class Server:
                     raise too_large
         except ClientDisconnect:  # it hung up halfway through its body
             raise ClientGone from None
-        body = protocol.parse(model, protocol.decode(raw))
+        return protocol.decode(raw)
+
+    def _check(self, model, raw):
+        """A decoded body as a checked request of `model`: its fields, its model name, its n."""
+        body = protocol.parse(model, raw)
         if body.model is not None and body.model != self.config.model_name:
             raise APIError(404, f"The model `{body.model}` does not exist. This server serves "
                            f"`{self.config.model_name}` (GET /v1/models lists it).", "model")
-        if body.n > self.max_num_seqs:
+        if getattr(body, "n", 1) > self.max_num_seqs:
             raise APIError(400, f"n={body.n} is more than this server's max_num_seqs={self.max_num_seqs}", "n")
+        self._log_ignored(body)
         return body
 
-    def _prompt(self, prompt, field: str) -> dict:
-        """{"prompt_token_ids", "prompt"} for the engine, after the context-length check."""
-        ids, text = (self.tokenizer.encode(prompt), prompt) if isinstance(prompt, str) else (prompt, None)
+    def _log_ignored(self, body) -> None:
+        """Unknown fields are ignored, as vLLM ignores them; each name is logged once, at debug
+        level, so that a room's clients do not fill the projector's log."""
+        new = [name for name in protocol.ignored(body) if name not in self.logged]
+        if new and len(self.logged) < 1000:  # a client inventing names does not grow it for ever
+            self.logged.update(new)
+            LOG.debug("ignored request fields (unknown to minipaged, as to vLLM): %s", ", ".join(new))
+
+    def _prompt(self, prompt, field: str, body) -> dict:
+        """{"prompt_token_ids", "prompt"} for the engine: a text prompt tokenized (with the BOS
+        unless add_special_tokens is false), the last truncate_prompt_tokens kept (vLLM's), then
+        the context-length check."""
+        if isinstance(prompt, str):
+            ids, text = self.tokenizer.encode(prompt, body.add_special_tokens), prompt
+        else:
+            ids, text = prompt, None
+        keep = self.max_model_len if body.truncate_prompt_tokens == -1 else body.truncate_prompt_tokens
+        if keep is not None and keep > self.max_model_len:
+            raise APIError(400, f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
+                           f"({self.max_model_len}). Please, select a smaller truncation size.",
+                           "truncate_prompt_tokens")
+        if keep is not None and keep < len(ids):
+            ids, text = ids[len(ids) - keep:], None
         if len(ids) >= self.max_model_len:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                            f"However, your {field} has {len(ids)} tokens (and one token must be "
@@ -328,16 +423,37 @@ class Server:
         kind = "chat.completion" if chat else "text_completion"
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         if body.stream:
-            chunks = run.chunks(response_id, f"{kind}.chunk" if chat else kind, self.config.model_name,
-                                chat, prompt_tokens if body.include_usage else None)
+            chunks = run.chunks(response_id, f"{kind}.chunk" if chat else kind, self.config.model_name, body,
+                                body.role if chat else None, self._chat_echo(body) if chat else "")
             return StreamingResponse(chunks, media_type="text/event-stream")
         outputs = await run.outputs()
-        choice = protocol.chat_choice if chat else protocol.completion_choice
-        choices = [choice(i * params.n + c.index, c.text, c.finish_reason)
+        choice = partial(protocol.chat_choice, role=body.role) if chat else protocol.completion_choice
+        echo = self._chat_echo(body) if chat else ""
+        choices = [choice(i * params.n + c.index, echo + c.text, c.finish_reason, c.stop_reason)  # echo, logprobs
+                   | self._token_ids(body, output.prompt_token_ids, c.token_ids, chat)
+                   | (logprobs.chat_fields(body, c, self.tokenizer) if chat else
+                      logprobs.completion_fields(body, output, c, self.tokenizer))
                    for i, output in enumerate(outputs) for c in output.outputs]
         completion_tokens = sum(len(c.token_ids) for output in outputs for c in output.outputs)
-        return JSONResponse(protocol.envelope(response_id, kind, self.config.model_name, choices)
+        asked = chat and body.prompt_logprobs is not None  # chat's (vLLM's) are the answer's, not a choice's
+        prompt = {"prompt_logprobs": logprobs.prompt_logprobs(outputs[0].prompt_logprobs)} if asked else {}
+        if chat and body.return_token_ids:  # vLLM's: the chat's prompt ids beside its choices
+            prompt["prompt_token_ids"] = outputs[0].prompt_token_ids
+        return JSONResponse(protocol.envelope(response_id, kind, self.config.model_name, choices) | prompt
                             | {"usage": protocol.usage(prompt_tokens, completion_tokens)})
+
+    @staticmethod
+    def _token_ids(body, prompt_ids: list[int], ids: list[int], chat: bool) -> dict:
+        """vLLM's return_token_ids: a choice's token ids (and a completion's prompt ids in it)."""
+        if not body.return_token_ids:
+            return {}
+        return {"token_ids": list(ids)} | ({} if chat else {"prompt_token_ids": list(prompt_ids)})
+
+    @staticmethod
+    def _chat_echo(body) -> str:
+        """vLLM's chat echo: the answer starts with the last message's content when that message
+        has the answer's role (continue_final_message: the answer continues it)."""
+        return body.messages[-1].text() if body.echo and body.messages[-1].role == body.role else ""
 
 
 class ClientSlots:
@@ -431,38 +547,72 @@ class Run:
             raise ClientGone
         return [outputs[request_id] for request_id in self.ids]
 
-    async def chunks(self, response_id: str, kind: str, model: str, chat: bool, prompt_tokens: int | None):
-        """Server-sent events: a chunk per piece of new text, a last chunk per choice with its
-        finish_reason, the usage when asked (stream_options.include_usage), then [DONE]."""
-        created, n = int(time.time()), self.params.n
+    async def chunks(self, response_id: str, kind: str, model: str, body, role: str | None, echo: str = ""):
+        """Server-sent events, in vLLM's shapes: one choice per chunk. A chat first gives each
+        choice its role (and, with echo, the echoed text); then each piece of new text; each
+        choice's last chunk carries its finish_reason and stop_reason as soon as that choice
+        finishes (n > 1: one may end before the others); the usage when asked
+        (stream_options.include_usage; with continuous_usage_stats, the usage so far in every
+        chunk), then [DONE]. return_token_ids adds each chunk's new token ids."""
+        created, n, chat, with_ids = int(time.time()), self.params.n, role is not None, bool(body.return_token_ids)
+        usage = body.include_usage
+        continuous = usage and body.stream_options.continuous_usage_stats
         prompt_of = {request_id: i for i, request_id in enumerate(self.ids)}
-        started, completion_tokens = set(), 0
+        prompt_lens = [len(p["prompt_token_ids"]) for p in self.prompts]
+        tokens, done, started = Counter(), set(), set()  # per choice: its tokens so far; finished; given ids
+        completion_tokens = 0
 
-        def event(choices: list, **extra) -> str:
-            body = protocol.envelope(response_id, kind, model, choices, created) | extra
-            return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+        def event(index: int | None, choice: dict, ids=None) -> str:
+            """One chunk: `choice` of choice `index` (None: the usage at the end, no choice)."""
+            extra = {}
+            if index is None:
+                extra["usage"] = protocol.usage(sum(prompt_lens), completion_tokens)
+            else:
+                prompt = self.prompts[index // n]["prompt_token_ids"]
+                if with_ids:
+                    choice = choice | {"token_ids": list(ids or ())}
+                    if index not in started and not chat:
+                        choice["prompt_token_ids"] = prompt
+                    elif index not in started and index == 0:
+                        extra["prompt_token_ids"] = prompt
+                    started.add(index)
+                if continuous:
+                    extra["usage"] = protocol.usage(len(prompt), tokens[index])
+            chunk = protocol.envelope(response_id, kind, model, [] if index is None else [choice], created) | extra
+            return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
 
-        def choice(index: int, text: str, finish_reason: str | None) -> dict:
-            if not chat:
-                return protocol.completion_choice(index, text, finish_reason)
-            delta = {"content": text} if text or finish_reason is None else {}
-            if index not in started:
-                started.add(index)
-                delta = {"role": "assistant", "content": text}
-            return protocol.chat_delta(index, delta, finish_reason)
+        def text(index: int, piece: str, ids) -> str:
+            choice = protocol.chat_delta(index, {"content": piece}, None) if chat else \
+                protocol.completion_choice(index, piece, None)
+            return event(index, choice, ids)
 
+        def finish(index: int, completion) -> str:
+            done.add(index)
+            reason, stop = completion.finish_reason, completion.stop_reason
+            return event(index, protocol.chat_delta(index, {}, reason, stop) if chat else
+                         protocol.completion_choice(index, "", reason, stop))
+
+        if chat:  # vLLM's first chunks: each choice's role, then what echo repeats
+            for index in range(len(self.ids) * n):
+                yield event(index, protocol.chat_delta(index, {"role": role, "content": ""}, None))
+            for index in range(len(self.ids) * n) if echo else ():
+                yield text(index, echo, ())
         async for update in self.updates_until_done():
             if update.error is not None:
                 yield f"data: {json.dumps(APIError(503, update.error).body())}\n\n"
                 break
             base = prompt_of[update.request_id] * n
-            if update.text:
-                yield event([choice(base + i, text, None) for i, text in sorted(update.text.items())])
-            if update.output is not None:
-                yield event([choice(base + c.index, "", c.finish_reason) for c in update.output.outputs])
-                completion_tokens += sum(len(c.token_ids) for c in update.output.outputs)
-        if prompt_tokens is not None:
-            yield event([], usage=protocol.usage(prompt_tokens, completion_tokens))
+            tokens.update({base + i: len(ids) for i, ids in update.token_ids.items()})
+            for i in sorted(update.text.keys() | (update.token_ids.keys() if with_ids else set())):
+                yield text(base + i, update.text.get(i, ""), update.token_ids.get(i, ()))
+            for i, completion in sorted(update.finished.items()):
+                yield finish(base + i, completion)
+            for completion in update.output.outputs if update.output is not None else ():
+                completion_tokens += len(completion.token_ids)
+                if base + completion.index not in done:
+                    yield finish(base + completion.index, completion)
+        if usage:
+            yield event(None, {})
         yield "data: [DONE]\n\n"
 
     async def _watch_disconnect(self) -> None:

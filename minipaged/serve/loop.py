@@ -13,28 +13,47 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minipaged.outputs import RequestOutput, StepReport
+from minipaged.outputs import CompletionOutput, RequestOutput, StepReport
 
 
 @dataclass(slots=True)
 class Update:
     """What a request's handler receives: first an empty update (accepted) or the engine's reason
-    for refusing it; then new text of each sequence; at the end its output (finish_reason)."""
+    for refusing it; then what each sequence added (its text, its tokens) and each sequence that
+    finished, as it finishes (n > 1: one may end before its siblings); at the end its output."""
     request_id: str
     text: dict[int, str] = field(default_factory=dict)  # sequence index -> text released since the last update
+    token_ids: dict[int, list[int]] = field(default_factory=dict)  # sequence index -> tokens since the last one
+    finished: dict[int, CompletionOutput] = field(default_factory=dict)  # sequences that finished since
     output: RequestOutput | None = None                 # the last update of a request that ran
     error: str | None = None                            # add_request refused it (nothing was queued)
 
 
 @dataclass(slots=True)
 class Stream:
-    """The engine thread's record of one request: where its updates go, and its times."""
+    """The engine thread's record of one request: where its updates go, what it was handed, and
+    its times (perf_counter seconds), which the metrics read: arrival, the start of its first step
+    (it waited until then), the end of its first step (its first token) and of each later one."""
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     arrival: float
+    params: object = None                               # its SamplingParams (n, max_tokens for the metrics)
     sent: dict[int, int] = field(default_factory=dict)  # sequence index -> characters handed out
+    ids_sent: dict[int, int] = field(default_factory=dict)  # sequence index -> tokens handed out
+    finished: set[int] = field(default_factory=set)     # sequences whose finish was handed out
+    scheduled: float | None = None
     first_token: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = field(default_factory=list)     # seconds between its steps after the first
     done: Callable[[], None] | None = None              # called on its event loop after the last update
+
+    def ran(self, start: float, end: float) -> None:
+        """It was in a step from start to end: the first one samples its first token."""
+        if self.first_token is None:
+            self.scheduled, self.first_token = start, end
+        else:
+            self.gaps.append(end - self.last_token)
+        self.last_token = end
 
 
 class EngineLoop:
@@ -61,7 +80,7 @@ class EngineLoop:
         `done()` runs once the engine has let go of it (finished, aborted or refused)."""
         self.accepted += 1
         self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), done=done), priority))
+                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, done=done), priority))
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its client left, or a sibling prompt was refused): its frames are
@@ -126,29 +145,35 @@ class EngineLoop:
         """Hand out what the step produced: new text of running requests, finished outputs."""
         now = time.perf_counter()
         for request_id in dict.fromkeys(rid for rid, *_ in report.ran):
-            stream = self.streams[request_id]
-            stream.first_token = stream.first_token or now  # a request's first step samples a token
+            self.streams[request_id].ran(now - report.seconds, now)
             request = self.engine.requests.get(request_id)
             if request is not None and not request.beam_search:
-                texts = {seq.index: seq.released_text for seq in request.seqs}
-                self._send_text(request_id, texts)
+                self._send_new(request_id, {seq.index: (seq.released_text, seq.output_ids) for seq in request.seqs},
+                               {seq.index: seq.completion(request.params) for seq in request.seqs if seq.finished})
         for output in report.finished:
             self._finish(output)
         self._tell_watchers(report)
 
     def _finish(self, output: RequestOutput) -> None:
-        self._send_text(output.request_id, {c.index: c.text for c in output.outputs})
+        self._send_new(output.request_id, {c.index: (c.text, c.token_ids) for c in output.outputs}, {})
         stream = self.streams[output.request_id]
         for watcher in self.watchers:
             watcher.finished(output, stream)
         self._send(output.request_id, Update(output.request_id, output=output))
 
-    def _send_text(self, request_id: str, texts: dict[int, str]) -> None:
-        sent = self.streams[request_id].sent
-        new = {i: text[sent.get(i, 0):] for i, text in texts.items() if len(text) > sent.get(i, 0)}
-        if new:
-            sent.update({i: len(texts[i]) for i in new})
-            self._send(request_id, Update(request_id, text=new))
+    def _send_new(self, request_id: str, seqs: dict[int, tuple[str, list[int]]],
+                  finished: dict[int, CompletionOutput]) -> None:
+        """Hand out what each sequence (index -> its text, its tokens) added since the last
+        update, and the sequences that finished since (each once)."""
+        stream = self.streams[request_id]
+        text = {i: t[stream.sent.get(i, 0):] for i, (t, _) in seqs.items() if len(t) > stream.sent.get(i, 0)}
+        ids = {i: t[stream.ids_sent.get(i, 0):] for i, (_, t) in seqs.items() if len(t) > stream.ids_sent.get(i, 0)}
+        finished = {i: c for i, c in finished.items() if i not in stream.finished}
+        if text or ids or finished:
+            stream.sent.update({i: len(seqs[i][0]) for i in text})
+            stream.ids_sent.update({i: len(seqs[i][1]) for i in ids})
+            stream.finished.update(finished)
+            self._send(request_id, Update(request_id, text=text, token_ids=ids, finished=finished))
 
     def _send(self, request_id: str, update: Update) -> None:
         """Put an update on the request's queue, on its event loop; the last one forgets it."""

@@ -1,8 +1,8 @@
 """The OpenAI request and response shapes, as vLLM's server takes and gives them.
 
-Requests are checked here, before they reach the engine loop: a body that is not JSON text, a
-wrong type, a value out of range or an unknown field is an `APIError` (HTTP 400 and OpenAI's
-error JSON, naming the field). The same models make the server's schema, /openapi.json.
+Checked here, before the engine loop: bad JSON, a wrong type or range, a field of vLLM's that
+minipaged lacks yet (`NOT_YET`) are an `APIError` (a 400 in OpenAI's JSON, naming the field); an
+unknown field is ignored, as vLLM ignores it (`ignored`). The models make /openapi.json too.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ import json
 import time
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from minipaged.engine import check_text
 from minipaged.sampling import MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 429: "RateLimitError",
-               503: "ServiceUnavailableError", 500: "InternalServerError"}
+               405: "MethodNotAllowedError", 413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError",
+               429: "RateLimitError", 503: "ServiceUnavailableError", 500: "InternalServerError"}
 MAX_DEPTH = 16   # no request field nests deeper than 5; a body nested deeper is refused before it is read
 MAX_DIGITS = 30  # no request field takes a longer integer (a seed is at most 19 digits)
+MAX_LOGPROBS = 20  # vLLM's max_logprobs: the most likeliest tokens a request may ask for beside each token
 
 
 class APIError(Exception):
@@ -38,8 +39,9 @@ class APIError(Exception):
 
 class Strict(BaseModel):
     # strict: "5" is not an int, 1.5 is not an int, 1 is not a bool; NaN and infinities are not
-    # numbers; unknown fields are refused
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    # numbers. Unknown fields are kept aside (model_extra) and ignored, as OpenAI's and vLLM's
+    # servers ignore them: clients send store, metadata, service_tier, ...
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
 def _whole(value):
@@ -52,14 +54,20 @@ def Int(**bounds):
     return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
 
 
+def _unsigned(seed: int) -> int:
+    """vLLM takes any int64 seed; the engine's random streams want one >= 0: -1 becomes 2**64 - 1
+    (one to one, and a seed >= 0 stays itself, so it draws what LLM.generate draws)."""
+    return seed % 2**64
+
+
 TokenId = Int(ge=0)
 Text = Annotated[str, Field(min_length=1)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool = True             # vLLM's default: stream_options={} asks for the usage
+    continuous_usage_stats: bool = False   # vLLM's extension: the usage so far in every chunk
 
 
 class SamplingFields(Strict):
@@ -75,7 +83,8 @@ class SamplingFields(Strict):
     temperature: float = Field(1.0, ge=0, le=2, description="0: greedy")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: Int(ge=-1) = Field(-1, description="vLLM's extension; 0 and -1 both mean all tokens")
-    seed: Int(ge=0, le=2**63 - 1) | None = None
+    seed: Annotated[Int(ge=-2**63, le=2**63 - 1), AfterValidator(_unsigned)] | None = Field(
+        None, description="any int64, as vLLM takes it")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | Literal[""] | None = None
     stop_token_ids: list[TokenId] | None = None  # vLLM's extension
     ignore_eos: bool = False                     # vLLM's extension
@@ -84,21 +93,52 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # accepted at their neutral values, so that clients sending them explicitly work
-    presence_penalty: float = Field(0.0, description="0 only: minipaged has no penalties")
-    frequency_penalty: float = Field(0.0, description="0 only: minipaged has no penalties")
-    logit_bias: dict[str, float] | None = Field(None, description="empty only")
+    truncate_prompt_tokens: Int(ge=-1) | None = Field(None, description="vLLM's extension: keep the prompt's "
+                                                      "last k tokens (-1: max_model_len)")
+    return_token_ids: bool | None = Field(None, description="vLLM's extension: the prompt's and each "
+                                          "choice's token ids beside the text")
+    return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's extension: logprobs name each "
+                                                    "token 'token_id:{id}'")
+    # the controls of the logits (sampling.adjust), vLLM's names, defaults and bounds
+    presence_penalty: float = Field(0.0, ge=-2, le=2, description="subtracted once from a token already in the output")
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, description="subtracted per time a token is in the output")
+    repetition_penalty: float | None = Field(None, gt=0, description="vLLM's extension: divides a positive logit "
+                                             "(multiplies a negative one) of each token in prompt or output; 1: off")
+    min_p: float | None = Field(None, ge=0, le=1, description="vLLM's extension: drop tokens less likely than "
+                                "min_p times the likeliest")
+    min_tokens: Int(ge=0) = Field(0, description="vLLM's extension: no end-of-sequence or stop token before")
+    logit_bias: dict[str, float] | None = Field(None, description="token id -> added to its logit (clamped "
+                                                "to [-100, 100], as vLLM does)")
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="vLLM's extension: the logprob of "
+                                                               "each prompt token, and this many likeliest")
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's SamplingParams (ValueError naming the field when a value is out of range)."""
-        unsupported = [name for name in ("presence_penalty", "frequency_penalty", "logit_bias")
-                       if getattr(self, name)]
-        if unsupported:
-            raise APIError(400, f"{unsupported[0]} is not supported by minipaged; leave it out", unsupported[0])
         return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p,
                               top_k=-1 if self.top_k == 0 else self.top_k, max_tokens=max_tokens,
                               stop=self.stop or [], stop_token_ids=self.stop_token_ids or [],
-                              ignore_eos=self.ignore_eos, seed=self.seed)
+                              ignore_eos=self.ignore_eos, seed=self.seed,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              min_p=self.min_p or 0.0, min_tokens=self.min_tokens, logit_bias=self.token_bias(),
+                              logprobs=self.num_logprobs, prompt_logprobs=self.num_prompt_logprobs)
+
+    def token_bias(self) -> dict[int, float]:
+        """logit_bias with token ids for keys, each bias clamped to [-100, 100] as vLLM does."""
+        try:
+            return {int(token): min(100.0, max(-100.0, bias)) for token, bias in (self.logit_bias or {}).items()}
+        except ValueError:
+            raise APIError(400, "logit_bias keys must be token ids (integers written as strings), got "
+                           f"{list(self.logit_bias)!r:.80}", "logit_bias") from None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """SamplingParams.logprobs: how many likeliest tokens beside each output token (None: no logprobs)."""
+        return None
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
 
     @property
     def asked_max_tokens(self) -> tuple[int | None, str]:
@@ -115,10 +155,21 @@ class SamplingFields(Strict):
 class CompletionRequest(SamplingFields):
     prompt: Text | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Text], Field(min_length=1)] \
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
-    echo: bool = False
-    logprobs: Int() | None = None
+    echo: bool = Field(False, description="the answer's text (and logprobs) start with the prompt's")
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="each output token's logprob and this "
+                                                        "many likeliest (OpenAI allows 5, vLLM 20)")
     suffix: str | None = None
     best_of: Int() | None = None
+    add_special_tokens: bool = Field(True, description="vLLM's extension: the tokenizer adds its BOS to a text prompt")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """vLLM's: echo with logprobs asks for the prompt's too (the answer starts with the prompt)."""
+        return self.logprobs if self.prompt_logprobs is None and self.echo else self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt or a batch of them: a string, token ids, or a list of either."""
@@ -131,8 +182,11 @@ class ContentPart(Strict):
     text: str
 
 
+Role = Literal["system", "user", "assistant", "developer", "tool"]  # vLLM hands each to the chat template as it is
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
+    role: Role
     content: str | Annotated[list[ContentPart], Field(min_length=1)]  # required, as OpenAI's API has it
     name: str | None = None
 
@@ -140,14 +194,52 @@ class ChatMessage(Strict):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class Conversation(Strict):
+    """The messages and how the chat template renders them (chat completions and /tokenize)."""
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    logprobs: bool = False
-    top_logprobs: Int() | None = None
-    add_generation_prompt: bool = True  # vLLM's extension
+    add_generation_prompt: bool = Field(True, description="vLLM's extension: end with the assistant's turn opened")
+    continue_final_message: bool = Field(False, description="vLLM's extension: leave the last message open, "
+                                         "for the model to continue (add_generation_prompt must be false)")
+    add_special_tokens: bool = Field(False, description="vLLM's extension: a BOS on top of the template's")
 
     def conversation(self) -> list[dict]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class ChatCompletionRequest(Conversation, SamplingFields):
+    logprobs: bool = Field(False, description="each output token's logprob (choices[i].logprobs.content)")
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="and this many likeliest "
+                                                            "tokens at each position (needs logprobs)")
+    echo: bool = Field(False, description="vLLM's extension: the answer starts with the last message's "
+                       "content when that message has the answer's role")
+
+    @property
+    def role(self) -> str:
+        """The answer's role, as vLLM gives it: the assistant's, or (no generation prompt) the last message's."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(Strict):
+    """POST /tokenize with a prompt (vLLM's TokenizeCompletionRequest)."""
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = Field(False, description="also each token's string")
+
+
+class TokenizeChatRequest(Conversation):
+    """POST /tokenize with messages, rendered by the chat template (vLLM's TokenizeChatRequest)."""
+    model: str | None = None
+    return_token_strs: bool | None = Field(False, description="also each token's string")
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 # ---- reading a body --------------------------------------------------------------------------
@@ -177,24 +269,103 @@ def parse(model: type[Strict], body) -> Strict:
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     check_values(body)
+    if issubclass(model, SamplingFields):
+        refuse_what_is_not_yet_here(body)
     try:
         request = model.model_validate(body)
     except ValidationError as error:
         # the deepest problem: in a union (a string or a list of parts) the member that matched longest
         first = max(error.errors(), key=lambda e: len(e["loc"]))
         where = field_name(first["loc"])
-        if first["type"] == "extra_forbidden":
-            raise APIError(400, f"Unrecognized request argument supplied: {where}", where) from None
         if first["type"] == "missing":
             raise APIError(400, f"Missing required parameter: {where}", where) from None
+        if first["type"] in TYPES:  # "logprobs": "true" is a string, not JSON's true
+            message = f"{where} must be {TYPES[first['type']]}, got {kind_of(first['input'])}"
+            raise APIError(400, message, where) from None
         raise APIError(400, f"{where}: {first['msg']}, got {first['input']!r:.60}", where) from None
-    for name in ("logprobs", "top_logprobs", "suffix", "echo"):
-        if getattr(request, name, None):
-            raise APIError(400, f"{name} is not supported by minipaged; leave it out", name)
+    if isinstance(request, Conversation) and request.continue_final_message and request.add_generation_prompt:
+        raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                       "continue_final_message")
+    if getattr(request, "suffix", None):
+        raise APIError(400, "suffix is not supported by minipaged; leave it out", "suffix")
+    if isinstance(request, SamplingFields):
+        check_logprobs(request)
     best_of = getattr(request, "best_of", None)
     if best_of is not None and best_of != request.n:
         raise APIError(400, "best_of is not supported by minipaged (use n)", "best_of")
     return request
+
+
+TYPES = {"bool_type": "true or false (a JSON boolean)", "int_type": "an integer", "float_type": "a number",
+         "string_type": "a string", "list_type": "a list", "dict_type": "an object", "model_type": "an object"}
+
+
+def kind_of(value) -> str:
+    """What a client sent, for an error: "the string 'true'", "the number 5"."""
+    kinds = {str: "the string", bool: "the boolean", int: "the number", float: "the number", list: "a list",
+             dict: "an object", type(None): "null"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return kind if value is None or isinstance(value, (list, dict)) else f"{kind} {value!r:.60}"
+
+
+STRUCTURED = "structured output (JSON, a schema, a grammar) comes with the automata meeting"
+NOT_YET = {  # vLLM's fields that minipaged lacks: (their neutral values, why); any other value is a 400
+    "response_format": ((None, {"type": "text"}), STRUCTURED),
+    **{name: ((None,), STRUCTURED) for name in ("structured_outputs", "guided_json", "guided_regex",
+                                                "guided_choice", "guided_grammar", "structural_tag")},
+    **{name: (neutral, "tool calls come with the automata meeting (a call is structured output)")
+       for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none")), ("functions", (None, [])),
+                             ("function_call", (None, "none")))},
+    "allowed_token_ids": ((None,), "sampling constraints come with the automata meeting"),
+    "bad_words": ((None, []), "sampling constraints come with the automata meeting"),
+    "use_beam_search": ((None, False), "the server samples; beam search is LLM.generate's "
+                        "(SamplingParams(beam_width=...))"),
+    "include_stop_str_in_output": ((None, False), "a stop string is always cut from the text"),
+    "skip_special_tokens": ((None, True), "special tokens are always left out of the text"),
+    "logits_processors": ((None, []), "the server loads no logits processors"),
+    "prompt_embeds": ((None,), "a prompt is text or token ids"),
+    "cache_salt": ((None,), "the prefix cache is shared by every request (--no-enable-prefix-caching shares "
+                   "nothing)"),
+    "chat_template": ((None,), "the model's own chat template renders every chat"),
+    "truncation_side": ((None, "left"), "truncate_prompt_tokens keeps the prompt's last tokens"),
+}
+
+
+def refuse_what_is_not_yet_here(body: dict) -> None:
+    """vLLM's fields that minipaged lacks are a 400 naming the field and why (an answer that
+    silently ignored them would mislead); an unknown field is ignored, as vLLM ignores it.
+    `stream_options` without `stream: true` is vLLM's 400, in vLLM's words."""
+    for name, (neutral, why) in NOT_YET.items():
+        if name in body and body[name] not in neutral:
+            raise APIError(400, f"{name} is not supported by minipaged yet: {why}; leave it out", name)
+    if body.get("stream_options") and not body.get("stream"):
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+
+
+def ignored(request: BaseModel, where: str = "") -> list[str]:
+    """The unknown fields of a checked request, which it ignores ("store", "messages[].tool_call_id")."""
+    names = [f"{where}{name}" for name in request.model_extra or {}]
+    for name in type(request).model_fields:
+        value = getattr(request, name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                names += ignored(item, f"{where}{name}{'[]' if isinstance(value, list) else ''}.")
+    return list(dict.fromkeys(names))
+
+
+def check_logprobs(request: SamplingFields) -> None:
+    """vLLM's rules for logprobs and echo: top_logprobs needs logprobs (chat); prompt logprobs
+    never stream (vLLM's); sampled logprobs and a completion's echo do not stream here yet."""
+    if getattr(request, "top_logprobs", None) and not request.logprobs:
+        raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    if request.stream and request.num_prompt_logprobs is not None:
+        name = "prompt_logprobs" if request.prompt_logprobs is not None else "echo"
+        raise APIError(400, f"`prompt_logprobs` are not available when `stream=True` ({name} asks for them).", name)
+    if request.stream and request.num_logprobs is not None:
+        raise APIError(400, "logprobs are not available with `stream=True` in minipaged yet: ask without "
+                       "stream, or leave logprobs out", "logprobs")
+    if request.stream and isinstance(request, CompletionRequest) and request.echo:
+        raise APIError(400, "echo is not available with `stream=True` in minipaged yet: ask without stream", "echo")
 
 
 def check_values(value, where: tuple = ()) -> None:
@@ -240,18 +411,20 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
+def completion_choice(index: int, text: str, finish_reason: str | None, stop_reason=None) -> dict:
+    """stop_reason (vLLM's): the stop string or stop token id that ended the text, else None."""
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
-            "stop_reason": None}
+            "stop_reason": stop_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": finish_reason, "stop_reason": None}
+def chat_choice(index: int, text: str, finish_reason: str | None, stop_reason=None, role: str = "assistant") -> dict:
+    return {"index": index, "message": {"role": role, "content": text}, "logprobs": None,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
 
 
-def chat_delta(index: int, delta: dict, finish_reason: str | None) -> dict:
-    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+def chat_delta(index: int, delta: dict, finish_reason: str | None, stop_reason=None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
 
 
 def envelope(response_id: str, kind: str, model: str, choices: list, created: int | None = None) -> dict:
@@ -282,12 +455,49 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """choices[i].logprobs of a chat answer (serve/logprobs.py)."""
+    content: list[TokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """choices[i].logprobs of a completion (serve/logprobs.py): four lists, one entry per token."""
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob of a prompt token (prompt_logprobs: per token, token id -> this)."""
+    logprob: float
+    rank: int
+    decoded_token: str | None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None] | None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: FinishReason
-    stop_reason: None
+    stop_reason: int | str | None = Field(description="the stop string or stop token id that ended the text, "
+                                          "else null (eos, length)")
+    token_ids: list[int] | None = Field(None, description="with return_token_ids")
+    prompt_token_ids: list[int] | None = Field(None, description="with return_token_ids")
+    prompt_logprobs: PromptLogprobs = Field(None, description="with prompt_logprobs, or echo with logprobs")
 
 
 class CompletionResponse(BaseModel):
@@ -300,16 +510,18 @@ class CompletionResponse(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
+    role: Role  # the assistant's, or with add_generation_prompt false the last message's
     content: str
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: FinishReason
-    stop_reason: None
+    stop_reason: int | str | None = Field(description="the stop string or stop token id that ended the text, "
+                                          "else null (eos, length)")
+    token_ids: list[int] | None = Field(None, description="with return_token_ids")
 
 
 class ChatCompletionResponse(BaseModel):
@@ -319,6 +531,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_token_ids: list[int] | None = Field(None, description="with return_token_ids")
+    prompt_logprobs: PromptLogprobs = Field(None, description="with prompt_logprobs (vLLM's extension)")
 
 
 class Model(BaseModel):
@@ -334,3 +548,24 @@ class Model(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"]
     data: list[Model]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = Field(None, description="with return_token_strs")
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class TokenizerInfoResponse(BaseModel):
+    """tokenizer_config.json as the server read it, with its chat template (vLLM's /tokenizer_info)."""
+    model_config = ConfigDict(extra="allow")
+    tokenizer_class: str
+
+
+class VersionResponse(BaseModel):
+    version: str

@@ -25,9 +25,11 @@ class SpeculativeDecoding:
     def reserve(self, batch, budget: int, max_model_len: int) -> None:
         """Each decode gets slots for up to k guesses after its last token, within the step's
         token budget, the frames free now (a guess never preempts anyone) and what the sequence
-        may still emit (the accepted guesses and one token more)."""
+        may still emit (the accepted guesses and one token more). A request whose logits its
+        penalties, logit_bias or min_tokens adjust gets no guesses (as vLLM v1 first did): each
+        guess would move the counts they read, so it decodes one token a step, by the sampler."""
         for s in batch.scheduled:
-            if s.kind != "decode" or s.request.beam_search or budget <= 0:
+            if s.kind != "decode" or s.request.beam_search or s.request.params.adjusts_logits or budget <= 0:
                 continue
             seq, p = s.seq, s.request.params
             room = min(self.k, budget, p.max_tokens - len(seq.output_ids) - 1, max_model_len - len(seq.token_ids) - 1)
