@@ -24,4 +24,14 @@ for side in before after; do
   (cd "$dir" && "$PY" -m minipaged.bench serve --json > "$AFTER/$OUT/serve-$side.json" 2>/dev/null)
   (cd "$dir" && "$PY" -m minipaged.bench serve --workload room --json > "$AFTER/$OUT/room-$side.json" 2>/dev/null)
 done
+for side in before after; do  # the third pair, after the server runs
+  dir=$AFTER; [ $side = before ] && dir=$BEFORE
+  (cd "$dir" && "$PY" -m minipaged.bench decode --batch 1 2 4 8 16 --json > "$AFTER/$OUT/decode-$side-3.json" 2>/dev/null)
+done
+"$PY" -m minipaged.bench projections --json > "$OUT/projections.json" 2>/dev/null
+"$PY" -m minipaged.bench projections > "$OUT/projections.txt" 2>/dev/null
 uptime > "$OUT/uptime-end.txt"
+for side in after before; do  # static batching again, after the fix of the contiguous frames' copy
+  dir=$AFTER; [ $side = before ] && dir=$BEFORE
+  (cd "$dir" && "$PY" -m minipaged.bench serve --scheduler static --requests 16 --json > "$AFTER/$OUT/static16-$side.json" 2>/dev/null)
+done
