@@ -42,7 +42,7 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
     "projections": (projections.bench_projections, projections.add_arguments,
                     "a decode step's weight products on the CPU, each way (matrix-vector per row, BLAS's "
                     "GEMM, panels on one core and split over the cores) for --rows rows, in GB/s beside the "
-                    "copy bandwidth: why the engine computes them as it does", "about 30 s"),
+                    "copy bandwidth: why the engine computes them as it does", "about 15 s"),
     "memory": (memory.bench_memory, memory.add_arguments,
                "KV-cache utilization: paging vs reserving max_model_len slots per request (no model: "
                "the block managers alone)", "about 1 s"),
