@@ -142,7 +142,6 @@ def test_min_tokens_and_a_clamped_bias_over_http(url):
     ("completions", {"min_tokens": 50, "max_tokens": 10}, "min_tokens", "at most max_tokens=10"),
     ("completions", {"logit_bias": {"abc": 1}}, "logit_bias", "token ids"),
     ("completions", {"logprobs": 21}, "logprobs", "less than or equal to 20"),
-    ("completions", {"logprobs": 1, "stream": True}, "logprobs", "stream"),
     ("completions", {"echo": True, "logprobs": 1, "stream": True}, "echo", "not available when `stream=True`"),
     ("completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available when `stream=True`"),
     ("chat/completions", {"top_logprobs": 2}, "top_logprobs", "`logprobs` must be set to true"),
@@ -161,3 +160,46 @@ def test_a_logit_bias_outside_the_vocabulary_is_a_400(tiny_llm, url):
     vocab = tiny_llm.model.config.vocab_size
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "hello", "logit_bias": {str(vocab): 1}}, timeout=30)
     assert r.status_code == 400 and f"logit_bias key {vocab} is out" in r.json()["error"]["message"]
+
+
+def test_streamed_logprobs_are_the_whole_answers_chunk_by_chunk(tiny_llm, url):
+    """stream=True with logprobs: each chunk carries its own tokens' logprobs (chat's content
+    entries; completions' four lists, text_offset counting on across chunks), and together they
+    are the answer's logprobs without stream."""
+    c = client(url)
+    messages = [{"role": "user", "content": "what is a page table"}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8,
+                                      logprobs=True, top_logprobs=2)
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=8,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    streamed = [entry for chunk in chunks for choice in chunk.choices if choice.logprobs
+                for entry in choice.logprobs.content]
+    assert [(e.token, round(e.logprob, 4), [t.token for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, round(e.logprob, 4), [t.token for t in e.top_logprobs]) for e in whole.choices[0].logprobs.content]
+    assert len(streamed) == whole.usage.completion_tokens == 8
+    whole = c.completions.create(model="tiny", prompt="hello there", temperature=0, max_tokens=6, logprobs=1)
+    chunks = list(c.completions.create(model="tiny", prompt="hello there", temperature=0, max_tokens=6,
+                                       logprobs=1, stream=True))
+    parts = [choice.logprobs for chunk in chunks for choice in chunk.choices if choice.logprobs]
+    assert len(parts) > 1  # the logprobs really came chunk by chunk
+    for key in ("tokens", "text_offset"):
+        assert [v for part in parts for v in getattr(part, key)] == getattr(whole.choices[0].logprobs, key)
+    assert np.allclose([v for part in parts for v in part.token_logprobs], whole.choices[0].logprobs.token_logprobs,
+                       atol=1e-4)
+
+
+def test_a_streamed_echo_starts_with_the_prompt(url):
+    """A completion's echo with stream=True: each choice's first chunk is its prompt, and the
+    whole text is what the same request without stream answers."""
+    c = client(url)
+    whole = c.completions.create(model="tiny", prompt="hello there", temperature=0, max_tokens=5, echo=True, n=2)
+    chunks = list(c.completions.create(model="tiny", prompt="hello there", temperature=0, max_tokens=5,
+                                       echo=True, n=2, stream=True))
+    texts = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts.setdefault(choice.index, []).append(choice.text)
+    assert sorted(texts) == [0, 1]
+    for index, pieces in texts.items():
+        assert pieces[0] == "hello there"
+        assert "".join(pieces) == whole.choices[index].text

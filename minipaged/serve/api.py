@@ -424,7 +424,7 @@ class Server:
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         if body.stream:
             chunks = run.chunks(response_id, f"{kind}.chunk" if chat else kind, self.config.model_name, body,
-                                body.role if chat else None, self._chat_echo(body) if chat else "")
+                                body.role if chat else None, self._chat_echo(body) if chat else "", self.tokenizer)
             return StreamingResponse(chunks, media_type="text/event-stream")
         outputs = await run.outputs()
         choice = partial(protocol.chat_choice, role=body.role) if chat else protocol.completion_choice
@@ -547,14 +547,18 @@ class Run:
             raise ClientGone
         return [outputs[request_id] for request_id in self.ids]
 
-    async def chunks(self, response_id: str, kind: str, model: str, body, role: str | None, echo: str = ""):
+    async def chunks(self, response_id: str, kind: str, model: str, body, role: str | None, echo: str = "",
+                     tokenizer=None):
         """Server-sent events, in vLLM's shapes: one choice per chunk. A chat first gives each
         choice its role (and, with echo, the echoed text); then each piece of new text; each
         choice's last chunk carries its finish_reason and stop_reason as soon as that choice
         finishes (n > 1: one may end before the others); the usage when asked
         (stream_options.include_usage; with continuous_usage_stats, the usage so far in every
-        chunk), then [DONE]. return_token_ids adds each chunk's new token ids."""
+        chunk), then [DONE]. return_token_ids adds each chunk's new token ids, logprobs their
+        logprobs; a completion's echo is its first chunk."""
         created, n, chat, with_ids = int(time.time()), self.params.n, role is not None, bool(body.return_token_ids)
+        top, as_ids = body.num_logprobs, bool(body.return_tokens_as_token_ids)  # top: None without logprobs
+        offsets = Counter()  # per completions choice: where its next token's text starts (text_offset)
         usage = body.include_usage
         continuous = usage and body.stream_options.continuous_usage_stats
         prompt_of = {request_id: i for i, request_id in enumerate(self.ids)}
@@ -581,9 +585,16 @@ class Run:
             chunk = protocol.envelope(response_id, kind, model, [] if index is None else [choice], created) | extra
             return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
 
-        def text(index: int, piece: str, ids) -> str:
+        def text(index: int, piece: str, ids, steps=None) -> str:
             choice = protocol.chat_delta(index, {"content": piece}, None) if chat else \
                 protocol.completion_choice(index, piece, None)
+            if top is not None and steps is not None:  # the logprobs of this chunk's tokens
+                if chat:
+                    choice["logprobs"] = logprobs.chat_logprobs(ids, steps, top, tokenizer, as_ids)
+                else:
+                    choice["logprobs"] = logprobs.completion_logprobs(ids, steps, top, tokenizer, as_ids,
+                                                                      offset=offsets[index])
+                    offsets[index] += sum(len(name) for name in choice["logprobs"]["tokens"])
             return event(index, choice, ids)
 
         def finish(index: int, completion) -> str:
@@ -597,14 +608,19 @@ class Run:
                 yield event(index, protocol.chat_delta(index, {"role": role, "content": ""}, None))
             for index in range(len(self.ids) * n) if echo else ():
                 yield text(index, echo, ())
+        elif body.echo:  # a completion's text starts with its prompt: vLLM's first chunk of each choice
+            for index in range(len(self.ids) * n):
+                prompt = self.prompts[index // n]
+                yield text(index, prompt["prompt"] if prompt["prompt"] is not None else
+                           tokenizer.decode(prompt["prompt_token_ids"]), ())
         async for update in self.updates_until_done():
             if update.error is not None:
                 yield f"data: {json.dumps(APIError(503, update.error).body())}\n\n"
                 break
             base = prompt_of[update.request_id] * n
             tokens.update({base + i: len(ids) for i, ids in update.token_ids.items()})
-            for i in sorted(update.text.keys() | (update.token_ids.keys() if with_ids else set())):
-                yield text(base + i, update.text.get(i, ""), update.token_ids.get(i, ()))
+            for i in sorted(update.text.keys() | (update.token_ids.keys() if with_ids or top is not None else set())):
+                yield text(base + i, update.text.get(i, ""), update.token_ids.get(i, ()), update.logprobs.get(i))
             for i, completion in sorted(update.finished.items()):
                 yield finish(base + i, completion)
             for completion in update.output.outputs if update.output is not None else ():

@@ -37,13 +37,12 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict], num_top: int, toke
 
 
 def completion_logprobs(token_ids: list[int], logprobs: list[dict | None], num_top: int, tokenizer,
-                        as_token_ids: bool = False) -> dict:
+                        as_token_ids: bool = False, offset: int = 0) -> dict:
     """choices[i].logprobs of a completion: tokens, token_logprobs, top_logprobs (the token's
     own and the `num_top` likeliest, OpenAI's up to num_top + 1) and text_offset (where each
     token's text starts, counted as vLLM counts it: the lengths of the tokens before). A None
-    step (the prompt's first token, with echo) has no logprob."""
+    step (the prompt's first token, with echo) has no logprob. A stream's chunk starts at `offset`."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    offset = 0
     for token_id, step in zip(token_ids, logprobs):
         if step is None:
             name, logprob, top = token_name(tokenizer, token_id, as_token_ids), None, None

@@ -24,6 +24,7 @@ class Update:
     request_id: str
     text: dict[int, str] = field(default_factory=dict)  # sequence index -> text released since the last update
     token_ids: dict[int, list[int]] = field(default_factory=dict)  # sequence index -> tokens since the last one
+    logprobs: dict[int, list] = field(default_factory=dict)  # sequence index -> those tokens' logprobs (if asked)
     finished: dict[int, CompletionOutput] = field(default_factory=dict)  # sequences that finished since
     output: RequestOutput | None = None                 # the last update of a request that ran
     error: str | None = None                            # add_request refused it (nothing was queued)
@@ -148,32 +149,34 @@ class EngineLoop:
             self.streams[request_id].ran(now - report.seconds, now)
             request = self.engine.requests.get(request_id)
             if request is not None and not request.beam_search:
-                self._send_new(request_id, {seq.index: (seq.released_text, seq.output_ids) for seq in request.seqs},
+                self._send_new(request_id, {seq.index: (seq.released_text, seq.output_ids, seq.logprobs)
+                                            for seq in request.seqs},
                                {seq.index: seq.completion(request.params) for seq in request.seqs if seq.finished})
         for output in report.finished:
             self._finish(output)
         self._tell_watchers(report)
 
     def _finish(self, output: RequestOutput) -> None:
-        self._send_new(output.request_id, {c.index: (c.text, c.token_ids) for c in output.outputs}, {})
+        self._send_new(output.request_id, {c.index: (c.text, c.token_ids, c.logprobs) for c in output.outputs}, {})
         stream = self.streams[output.request_id]
         for watcher in self.watchers:
             watcher.finished(output, stream)
         self._send(output.request_id, Update(output.request_id, output=output))
 
-    def _send_new(self, request_id: str, seqs: dict[int, tuple[str, list[int]]],
+    def _send_new(self, request_id: str, seqs: dict[int, tuple[str, list[int], list | None]],
                   finished: dict[int, CompletionOutput]) -> None:
-        """Hand out what each sequence (index -> its text, its tokens) added since the last
-        update, and the sequences that finished since (each once)."""
+        """Hand out what each sequence (index -> its text, its tokens, their logprobs or None)
+        added since the last update, and the sequences that finished since (each once)."""
         stream = self.streams[request_id]
-        text = {i: t[stream.sent.get(i, 0):] for i, (t, _) in seqs.items() if len(t) > stream.sent.get(i, 0)}
-        ids = {i: t[stream.ids_sent.get(i, 0):] for i, (_, t) in seqs.items() if len(t) > stream.ids_sent.get(i, 0)}
+        text = {i: t[stream.sent.get(i, 0):] for i, (t, *_) in seqs.items() if len(t) > stream.sent.get(i, 0)}
+        ids = {i: t[stream.ids_sent.get(i, 0):] for i, (_, t, _) in seqs.items() if len(t) > stream.ids_sent.get(i, 0)}
+        logprobs = {i: seqs[i][2][stream.ids_sent.get(i, 0):len(seqs[i][1])] for i in ids if seqs[i][2] is not None}
         finished = {i: c for i, c in finished.items() if i not in stream.finished}
         if text or ids or finished:
             stream.sent.update({i: len(seqs[i][0]) for i in text})
             stream.ids_sent.update({i: len(seqs[i][1]) for i in ids})
             stream.finished.update(finished)
-            self._send(request_id, Update(request_id, text=text, token_ids=ids, finished=finished))
+            self._send(request_id, Update(request_id, text=text, token_ids=ids, logprobs=logprobs, finished=finished))
 
     def _send(self, request_id: str, update: Update) -> None:
         """Put an update on the request's queue, on its event loop; the last one forgets it."""

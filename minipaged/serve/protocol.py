@@ -355,17 +355,12 @@ def ignored(request: BaseModel, where: str = "") -> list[str]:
 
 def check_logprobs(request: SamplingFields) -> None:
     """vLLM's rules for logprobs and echo: top_logprobs needs logprobs (chat); prompt logprobs
-    never stream (vLLM's); sampled logprobs and a completion's echo do not stream here yet."""
+    never stream (vLLM's)."""
     if getattr(request, "top_logprobs", None) and not request.logprobs:
         raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
     if request.stream and request.num_prompt_logprobs is not None:
         name = "prompt_logprobs" if request.prompt_logprobs is not None else "echo"
         raise APIError(400, f"`prompt_logprobs` are not available when `stream=True` ({name} asks for them).", name)
-    if request.stream and request.num_logprobs is not None:
-        raise APIError(400, "logprobs are not available with `stream=True` in minipaged yet: ask without "
-                       "stream, or leave logprobs out", "logprobs")
-    if request.stream and isinstance(request, CompletionRequest) and request.echo:
-        raise APIError(400, "echo is not available with `stream=True` in minipaged yet: ask without stream", "echo")
 
 
 def check_values(value, where: tuple = ()) -> None:
