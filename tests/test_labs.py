@@ -4,6 +4,7 @@ file written from the hints pass and serve the model with the engine's tokens; d
 files are caught by the property they break; the starters keep the engine's signatures."""
 
 import ast
+import importlib.util
 import inspect
 import re
 import subprocess
@@ -18,195 +19,20 @@ from minipaged.lab.grading import parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# What a participant writes from the hints of labs/README.md (lab 4's and 5's are below).
-WRITTEN = {
-    1: '''
-from minipaged import paging
-from minipaged.paging import NoFreeFramesError
+CASES = ROOT / "tests" / "lab_cases"  # per lab: WRITTEN (a file from the hints), MISTAKES, BREAK_AT
 
 
-class BlockAllocator(paging.BlockAllocator):
-    def allocate(self):
-        if not self.free_frames:
-            raise NoFreeFramesError("no free frame")
-        frame = self.free_frames.popleft()
-        self.ref_counts[frame] = 1
-        self.num_allocated += 1
-        return frame
-
-    def free(self, frame):
-        if self.ref_counts[frame] == 0:
-            raise ValueError("double free")
-        self.ref_counts[frame] -= 1
-        if self.ref_counts[frame] == 0:
-            self.num_released += 1
-            self.free_frames.append(frame)
+def cases(lab: int):
+    """tests/lab_cases/labN.py as a module (a plain file: pytest does not collect it)."""
+    spec = importlib.util.spec_from_file_location(f"lab_cases_{lab}", CASES / f"lab{lab}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class BlockTable(paging.BlockTable):
-    def slot(self, position):
-        size = self.allocator.block_size
-        return self.frames[position // size] * size + position % size
-
-    def append_slot(self, token_id):
-        size = self.allocator.block_size
-        offset, cow = self.num_tokens % size, None
-        if offset == 0:
-            self.frames.append(self.allocator.allocate())
-        elif self.last_frame_shared():
-            cow = self._copy_on_write()
-        self.token_ids.append(token_id)
-        if offset == size - 1:
-            self._name_full_blocks()
-        return self.slot(self.num_tokens - 1), cow
-
-    def free(self):
-        for frame in reversed(self.frames):
-            self.allocator.free(frame)
-        self.frames.clear()
-''',
-    2: '''
-from minipaged import paging
-
-
-class BlockAllocator(paging.BlockAllocator):
-    def incref(self, frame):
-        if self.ref_counts[frame] == 0:
-            raise ValueError("free frame")
-        self.ref_counts[frame] += 1
-
-    def free(self, frame):
-        if self.ref_counts[frame] == 0:
-            raise ValueError("double free")
-        self.ref_counts[frame] -= 1
-        if self.ref_counts[frame] == 0:
-            self.num_released += 1
-            self.free_frames.append(frame)
-
-
-class BlockTable(paging.BlockTable):
-    def fork(self):
-        for frame in self.frames:
-            self.allocator.incref(frame)
-        return BlockTable(self.allocator, list(self.frames), list(self.token_ids), list(self.block_hashes))
-
-    def last_frame_shared(self):
-        return bool(self.frames) and self.allocator.ref_count(self.frames[-1]) > 1
-
-    def _copy_on_write(self):
-        src = self.frames[-1]
-        dst = self.allocator.allocate()
-        self.allocator.free(src)
-        self.frames[-1] = dst
-        return src, dst
-''',
-    3: '''
-from minipaged import paging
-
-
-def block_hash(prev_hash, token_ids):
-    return hash((prev_hash, tuple(token_ids)))
-
-
-class PrefixCache(paging.PrefixCache):
-    def lookup(self, prev_hash, token_ids):
-        frame = self.frame_of.get(block_hash(prev_hash, token_ids))
-        if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)):
-            return frame
-        return None
-
-    def insert(self, frame, prev_hash, token_ids):
-        h = block_hash(prev_hash, token_ids)
-        if h not in self.frame_of and frame not in self.key_of:
-            self.frame_of[h] = frame
-            self.key_of[frame] = (prev_hash, tuple(token_ids))
-        return h
-
-    def park(self, frame):
-        self.evictable[frame] = None
-
-    def revive(self, frame):
-        del self.evictable[frame]
-
-    def evict(self):
-        frame, _ = self.evictable.popitem(last=False)
-        del self.frame_of[block_hash(*self.key_of.pop(frame))]
-        return frame
-''',
-    4: '''
-from collections import deque
-from minipaged import scheduler
-
-
-class Scheduler(scheduler.Scheduler):
-    def _reserve_decode_slots(self, batch):
-        queue, self.running = deque(self.running), []
-        while queue:
-            request = queue.popleft()
-            while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = queue.pop() if queue else request
-                self._preempt(victim, batch)
-                if victim is request:
-                    break
-            else:
-                self._schedule_decode(request, batch)
-
-    def _admit(self, batch):
-        free, promised = self.blocks.num_free_frames, 0
-        while self.waiting:
-            request = self.waiting[0]
-            mapped = self._to_map(request)
-            frames = self._frames_to_admit(request, mapped)
-            alone = not self.running
-            keep = 0 if alone else self.watermark_frames
-            tokens = sum(len(s.token_ids) for s in mapped)
-            if not alone and (self._num_running_seqs() + request.width > self.config.max_num_seqs
-                              or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
-                return
-            if promised + frames > free - keep:
-                return
-            promised += frames
-            self.waiting.popleft()
-            self._allocate(request, mapped, batch)
-''',
-}
-LOOKUP = "        return cache;  // wrong on purpose: every position reads the first row of frame 0"
-WRITTEN[5] = (ROOT / "labs/lab5_kernel.cu").read_text().replace(LOOKUP, """\
-        const long long frame = block_table[pos / block_size];
-        const long long slot = frame * block_size + pos % block_size;
-        return cache + (slot * num_kv_heads + kv_head) * HEAD_DIM;""")
-
-# (lab, what is changed in the written file, into what, the property that must catch it)
-WRONG = [
-    (1, "if offset == 0:", "if True:", "append_slot takes a new frame only when the last one is full"),
-    (1, "            self.free_frames.append(frame)\n", "            pass\n",
-     "free gives a frame back to the pool (and a double free is an error)"),
-    (1, "return self.frames[position // size] * size + position % size",
-     "return self.frames[position // size] + position % size", "slot(position) is frame * block_size + offset"),
-    (2, "            self.allocator.incref(frame)\n        return BlockTable(self.allocator, list(self.frames),",
-     "            pass\n        return BlockTable(self.allocator, [self.allocator.allocate() for _ in self.frames],",
-     "fork shares every frame: same frames, ref counts + 1, nothing allocated"),
-    (2, "        self.ref_counts[frame] -= 1\n", "        self.ref_counts[frame] = 0\n",
-     "free keeps a shared frame for the tables that still map it"),
-    (2, "self.allocator.ref_count(self.frames[-1]) > 1", "False",
-     "writing into a shared last frame copies it first (copy-on-write)"),
-    (3, "return hash((prev_hash, tuple(token_ids)))", "return hash(tuple(token_ids))",
-     "a block's hash chains every block before it"),
-    (3, "self.evictable.popitem(last=False)", "self.evictable.popitem()",
-     "released blocks stay findable until evicted, least recently used first"),
-    (3, "        del self.evictable[frame]\n", "        pass\n",
-     "a hit revives a parked frame: it is not evicted while mapped"),
-    (4, "            if promised + frames > free - keep:\n                return\n", "",
-     "admission never takes more frames than are free"),
-    (4, "victim = queue.pop() if queue else request", "victim = request",
-     "when frames run out, the newest request is preempted and the older ones run"),
-    (4, "self._num_running_seqs() + request.width > self.config.max_num_seqs", "False",
-     "at most max_num_seqs sequences run at once"),
-    (5, "block_table[pos / block_size]", "block_table[pos % block_size]",
-     "rows[pos] is the row of kv_head in slot block_table[pos / block_size] * block_size + pos % block_size"),
-    (5, "(slot * num_kv_heads + kv_head) * HEAD_DIM", "slot * num_kv_heads * HEAD_DIM",
-     "rows[pos] is the row of kv_head in slot block_table[pos / block_size] * block_size + pos % block_size"),
-]
+WRITTEN = {lab: cases(lab).WRITTEN for lab in LABS}
+# (lab, the mistake, what is changed in the written file, into what, the property that must catch it)
+WRONG = [(lab, *mistake) for lab in LABS for mistake in cases(lab).MISTAKES]
 
 
 def check(*args, cwd=None) -> subprocess.CompletedProcess:
@@ -217,7 +43,7 @@ def check(*args, cwd=None) -> subprocess.CompletedProcess:
 def written(tmp_path: Path, lab: int, old: str = "", new: str = "") -> Path:
     text = WRITTEN[lab]
     assert old in text, old
-    path = tmp_path / ("my_kernel.cu" if lab == 5 else f"my_lab{lab}.py")
+    path = tmp_path / (f"my_lab{lab}.cu" if LABS[lab].starter.endswith(".cu") else f"my_lab{lab}.py")
     path.write_text(text.replace(old, new, 1))
     return path
 
@@ -262,8 +88,8 @@ def test_a_written_lab_serves_the_real_model(tmp_path):
     assert copies >= 1  # the two samples shared the prompt's last frame, and one of them copied it
 
 
-@pytest.mark.parametrize("lab, old, new, sentence", WRONG, ids=lambda x: x if isinstance(x, int) else None)
-def test_a_wrong_implementation_is_caught_by_the_property_it_breaks(lab, old, new, sentence, tmp_path):
+@pytest.mark.parametrize("lab, mistake, old, new, sentence", WRONG, ids=[f"lab{w[0]}-{w[1]}" for w in WRONG])
+def test_a_wrong_implementation_is_caught_by_the_property_it_breaks(lab, mistake, old, new, sentence, tmp_path):
     done = check(lab, written(tmp_path, lab, old, new), "--no-engine")
     assert done.returncode == 1, done.stdout
     assert f"  FAIL  {sentence}\n        on " in done.stdout  # the sentence, then the small input

@@ -30,10 +30,20 @@ class Lab:
     samples: bool = True                # does the run include n > 1 (forks)?
     max_tokens: int = 12                # per sequence of the run
     note: str = ""                      # said before the run
+    meeting: str = ""                   # the meeting of the series (docs/series.md) it builds on
+    # the engine run after the properties hold: run(pieces, llm, pictures) -> lines to print, a
+    # RuntimeError when the participant's engine fails or differs; None: the plugged run of
+    # engine_run.serve (labs 1-5), with `engine`, `samples` and `max_tokens`
+    run: Callable | None = None
 
     @property
     def starter_path(self) -> Path:
         return LABS_DIR / self.starter
+
+    @property
+    def hints_path(self) -> Path:
+        """The lab's hints, one `## ` section each, from the idea to the code (`lab hint N`)."""
+        return LABS_DIR / "hints" / f"lab{self.number}.md"
 
     def pieces(self):
         """The engine's own pieces, as a participant's module would hold them (--solution)."""
@@ -46,20 +56,28 @@ LABS = {lab.number: lab for lab in [
     Lab(1, "demand paging: the frame allocator and the page table's append", "lab1_demand_paging.py", 25,
         "notebook 02 (page tables)",
         lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
-        paging_props.LAB1, dict(TIGHT, enable_prefix_caching=False), samples=False),
+        paging_props.LAB1, dict(TIGHT, enable_prefix_caching=False), samples=False,
+        meeting="2, paging (page tables, demand paging)"),
     Lab(2, "fork and copy-on-write", "lab2_fork_cow.py", 25, "lab 1; notebook 04 (sharing)",
         lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
-        paging_props.LAB2, dict(TIGHT, enable_prefix_caching=False)),
+        paging_props.LAB2, dict(TIGHT, enable_prefix_caching=False), meeting="4, fork() and copy-on-write"),
     Lab(3, "the prefix cache: hash chain, lookup, release", "lab3_prefix_cache.py", 30,
         "lab 1; notebook 04 (sharing, the prefix cache part)",
         lambda: {"block_hash": paging.block_hash, "PrefixCache": paging.PrefixCache},
-        paging_props.LAB3, dict(TIGHT, enable_prefix_caching=True)),
+        paging_props.LAB3, dict(TIGHT, enable_prefix_caching=True), meeting="4, fork() and copy-on-write (the prefix cache)"),
     Lab(4, "the continuous batcher: one step's decisions", "lab4_batcher.py", 35,
         "notebook 05 (batching); labs 1-2 help",
-        lambda: {"Scheduler": Scheduler}, batcher_props.LAB4, dict(TIGHT, enable_prefix_caching=False)),
+        lambda: {"Scheduler": Scheduler}, batcher_props.LAB4, dict(TIGHT, enable_prefix_caching=False),
+        meeting="5, time sharing (continuous batching)"),
     Lab(5, "the kernel's page-table lookup (CUDA, run on the CPU)", "lab5_kernel.cu", 30,
         "notebook 03 (kernel); a C++ compiler (g++ or clang++)",
         kernel_props.solution, kernel_props.LAB5, dict(TIGHT, enable_prefix_caching=False),
         max_tokens=8, note="every decode step reads K and V through your lookup, in the emulated kernel "
-                           "(prompts go through the NumPy reference: emulated, they would take a minute)"),
+                           "(prompts go through the NumPy reference: emulated, they would take a minute)",
+        meeting="3, address translation in the hot loop"),
+    # (lab 6)
+    # (lab 7)
+    # (lab 8)
+    # (lab 9)
+    # (lab 10)
 ]}
