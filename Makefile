@@ -1,11 +1,12 @@
 # On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
 #   make chat              chat with the default model (ARGS="--help" lists its options)
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
-#   make test              every test (about 12 min on 2 cores); make test-fast skips the real-model ones.
+#   make test              every test (about 6 min on 2 cores); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make notebooks         run every notebook on the CPU and store its outputs in the .ipynb (minutes)
 #   make lab-check         every lab's check on the engine's own code (python -m minipaged.lab; see labs/)
+#   make lab ARGS="check 1 my_paging.py"   a lab command without activating .venv (ARGS="hint 1", "list")
 #   make bench-decode      one benchmark: bench-decode, bench-projections, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
 #                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; and the
@@ -21,7 +22,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
               speculative replacement thrashing scheduling drum
 
-.PHONY: setup chat serve browser clang test test-fast notebook notebooks lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
+.PHONY: setup chat serve browser clang test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 
 # Running needs minipaged's dependencies only (pyproject.toml's `dependencies`) and the model.
 $(STAMP): pyproject.toml Makefile
@@ -99,8 +100,12 @@ notebooks: $(TEST_STAMP)
 	  --ExecutePreprocessor.record_timing=False $(NOTEBOOKS)
 
 # The labs' checks on the engine's own code (each grades, then serves SmolLM2: seconds each).
+# `make lab ARGS="check 1 my_paging.py"` or ARGS="hint 1": the lab command without activating .venv.
 lab-check: $(STAMP)
-	for n in 1 2 3 4 5; do $(PY) -m minipaged.lab check $$n --solution --picture build/lab$$n-frames.svg || exit 1; done
+	for n in $$($(PY) -c "from minipaged.lab.labs import LABS; print(*LABS)"); do $(PY) -m minipaged.lab check $$n --solution --pictures build/lab-pictures || exit 1; done
+
+lab: $(STAMP)
+	$(PY) -m minipaged.lab $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m minipaged.bench decode --batch 1

@@ -1,5 +1,5 @@
-"""`python -m minipaged.lab`: list the labs, or grade one (`check N my_file.py`), then watch the
-participant's piece serve the model with the engine's own outputs beside it.
+"""`python -m minipaged.lab`: list the labs, show a lab's next hint (`hint N`), or grade one
+(`check N my_file.py`), then watch the participant's piece serve the model beside the engine's.
 """
 
 from __future__ import annotations
@@ -9,15 +9,18 @@ import os
 import sys
 from pathlib import Path
 
+from minipaged.lab import hints
 from minipaged.lab.check import check
-from minipaged.lab.labs import LABS
+from minipaged.lab.labs import LABS, LABS_DIR
 from minipaged.llm import CommandParser, number
 
 EPILOG = """\
-examples:
+examples (in the repository, after `source .venv/bin/activate`):
   cp labs/lab1_demand_paging.py my_paging.py      # then fill in the bodies
   python -m minipaged.lab check 1 my_paging.py
+  python -m minipaged.lab hint 1                   # the next hint; again for the one after
   python -m minipaged.lab check 1 --solution       # the engine's own code passes"""
+PICTURES = LABS_DIR / "pictures"
 
 
 def build_parser() -> CommandParser:
@@ -26,14 +29,19 @@ def build_parser() -> CommandParser:
                            description="Labs: write a piece of the engine yourself; a check grades it, "
                                        "then it serves the model.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("list", help="the labs, their starters and times")
+    sub.add_parser("list", help="the labs, their meetings, starters and times")
+    hint = sub.add_parser("hint", help="the next hint of a lab (run again for the next, more concrete one)")
+    hint.add_argument("number", type=number(int, 1, len(LABS)), metavar="N", help="the lab's number")
+    hint.add_argument("which", nargs="?", type=number(int, 1), metavar="K", help="show hint K instead of the next")
+    hint.add_argument("--reset", action="store_true", help="start the lab's hints over")
     grade = sub.add_parser("check", help="grade a lab file, then run the engine with it")
     grade.add_argument("number", type=number(int, 1, len(LABS)), metavar="N", help="the lab's number")
     grade.add_argument("file", nargs="?", type=Path, help="your copy of the lab's starter")
     grade.add_argument("--solution", action="store_true", help="grade the engine's own code instead")
     grade.add_argument("--model", help="a model folder or hub id (default: SmolLM2-135M-Instruct; "
                                        "'random': a small random model)")
-    grade.add_argument("--picture", type=Path, help="where to write the SVG frame map (default: labN_frames.svg)")
+    grade.add_argument("--pictures", type=Path, default=PICTURES, metavar="DIR",
+                       help="the folder the check writes its pictures in (default: labs/pictures)")
     grade.add_argument("--no-engine", action="store_true", help="grade the properties only")
     return parser
 
@@ -43,13 +51,21 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "list":
         for lab in LABS.values():
-            print(f"{lab.number}. {lab.title}  (labs/{lab.starter}, about {lab.minutes} min; needs {lab.needs})")
+            print(f"{lab.number}. {lab.title}  (meeting {lab.meeting}; labs/{lab.starter}, about {lab.minutes} min; "
+                  f"needs {lab.needs})")
+        return 0
+    if args.command == "hint":
+        if args.reset and args.which is not None:
+            parser.error("hint takes K or --reset, not both")
+        try:
+            print(*hints.show(LABS[args.number], args.which, args.reset), sep="\n")
+        except ValueError as error:
+            parser.error(str(error))
         return 0
     if (args.file is None) == (not args.solution):
         parser.error("check takes a file or --solution (one of them)")
-    picture = args.picture or Path(f"lab{args.number}_frames.svg")
     try:
-        return check(LABS[args.number], args.file, args.model, picture, engine=not args.no_engine)
+        return check(LABS[args.number], args.file, args.model, args.pictures, engine=not args.no_engine)
     except BrokenPipeError:  # `| head`: stop quietly, as the chat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

@@ -1,6 +1,7 @@
 """The second half of a check: the participant's piece, plugged in, serves the model. The same
 requests run on an engine built with it and on one built with the engine's own code, and their
-tokens must be equal; a frame map of the fullest step shows the participant's frames.
+tokens must be equal; a frame map shows the participant's frames (the fullest step, among
+those with cached blocks where there are any), labelled by request as the lines above are.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from minipaged.lab.plug import plugged
 from minipaged.llm import LLM
 from minipaged.sampling import SamplingParams
 from minipaged.viz import FrameMap
+from minipaged.viz.pages import plural
 
 SYSTEM = "You are a kind teacher of operating systems . Answer in one short sentence ."
 QUESTIONS = ["What is a page table ?", "Why do frames have a fixed size ?", "What does fork copy ?"]
@@ -32,14 +34,16 @@ class Run:
     copies: int = 0
     preempted: int = 0
     cached_tokens: int = 0
-    fullest: tuple[int, str, str] = (-1, "", "")                      # (frames used, text map, svg)
+    fullest: tuple = ((False, -1), "", "")        # ((cached and used frames?, frames used or cached), text, svg)
 
 
 def requests(samples: bool, max_tokens: int) -> list[tuple[str, SamplingParams]]:
-    """Three prompts sharing a system prompt: greedy, and (where the lab has forks) two samples."""
+    """Three prompts sharing a system prompt: greedy, and (where the lab has forks) two samples.
+    The last stops at half the tokens, so its blocks are cached while the others still run."""
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     sampled = SamplingParams(n=2, temperature=0.8, seed=0, max_tokens=max_tokens, ignore_eos=True)
-    return [(f"{SYSTEM} {q}", sampled if samples and i == 1 else greedy) for i, q in enumerate(QUESTIONS)]
+    short = SamplingParams(temperature=0, max_tokens=max(1, max_tokens // 2), ignore_eos=True)
+    return [(f"{SYSTEM} {q}", [greedy, sampled if samples else greedy, short][i]) for i, q in enumerate(QUESTIONS)]
 
 
 def run(engine, work: list[tuple[str, SamplingParams]]) -> Run:
@@ -55,13 +59,21 @@ def run(engine, work: list[tuple[str, SamplingParams]]) -> Run:
         result.preempted += len(report.preempted)
         result.cached_tokens += report.cached_tokens
         used = engine.blocks.num_frames - engine.blocks.num_free_frames
-        if used > result.fullest[0]:
-            frames = FrameMap(engine.blocks)
-            result.fullest = (used, str(frames), frames.svg())
+        cached = sum(state.cached for state in engine.blocks.frame_states())
+        score = (cached > 0 and used > 0, used + cached)
+        if score > result.fullest[0]:
+            frames = FrameMap(engine.blocks, names=names(engine))
+            result.fullest = (score, str(frames), frames.svg())
         for output in report.finished:
             result.tokens[output.request_id] = [list(c.token_ids) for c in output.outputs]
             result.texts[output.request_id] = output.outputs[0].text
     raise RuntimeError(f"the engine had not finished after {MAX_STEPS} steps")
+
+
+def names(engine) -> dict:
+    """seq id -> the name the lines say: the request's id, with the sample's index when n > 1."""
+    return {seq.seq_id: request.request_id if len(request.seqs) == 1 else f"{request.request_id}.{seq.index}"
+            for request in engine.requests.values() for seq in request.seqs}
 
 
 def load_model(model: str | None) -> tuple[LLM, str]:
@@ -91,19 +103,21 @@ def serve(lab: int, pieces, llm: LLM, options: dict, samples: bool, max_tokens: 
         raise RuntimeError(f"the engine with your code failed: {in_one_line(error)}") from None
     built_in = run(llm.new_engine(**options), work)
     lines = []
-    for (request_id, tokens), (prompt, params) in zip(built_in.tokens.items(), work):
+    for i, (prompt, params) in enumerate(work):
+        request_id, tokens = f"r{i}", built_in.tokens[f"r{i}"]
         kind = f"n={params.n} sampled" if params.n > 1 else "greedy"
         if theirs.tokens.get(request_id) != tokens:
             raise RuntimeError(f"request {request_id} ({kind}): your engine gave tokens "
                                f"{theirs.tokens.get(request_id)}, the built-in one {tokens}")
         lines.append(f"  {request_id} {kind:<11} same {sum(map(len, tokens))} tokens as the built-in engine: "
                      f"{json.dumps(theirs.texts[request_id][:48])}")
-    lines.append(f"  on the way: {theirs.preempted} preemptions, {theirs.copies} copy-on-writes, "
-                 f"{theirs.cached_tokens} prompt tokens found in the prefix cache")
-    used, text, svg = theirs.fullest
+    lines.append(f"  on the way: {plural(theirs.preempted, 'preemption')}, {plural(theirs.copies, 'copy-on-write')}, "
+                 f"{plural(theirs.cached_tokens, 'prompt token')} found in the prefix cache")
+    (both, _), text, svg = theirs.fullest
     picture.parent.mkdir(parents=True, exist_ok=True)
     picture.write_text(svg)
-    return lines + ["", f"your frames at the fullest step ({used} in use):", text, f"picture: {picture.resolve()}"]
+    when = "the fullest step with cached blocks beside running ones" if both else "the fullest step"
+    return lines + ["", f"your frames at {when}:", text, f"picture: {picture}"]
 
 
 # ---- a small random model, for machines without the real one -----------------------------------

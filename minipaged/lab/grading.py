@@ -40,6 +40,7 @@ class Property:
 class Verdict:
     sentence: str
     failure: str | None = None  # None: it holds
+    fatal: bool = False         # their code did not return, or asked to end the process: stop checking
 
     @property
     def holds(self) -> bool:
@@ -61,12 +62,28 @@ def load(path: Path, names: list[str]) -> ModuleType:
         spec.loader.exec_module(module)
     except SyntaxError as error:
         raise NotLoadable(f"{path.name} line {error.lineno}: SyntaxError: {error.msg}") from None
+    except SystemExit as error:
+        raise NotLoadable(f"{path.name} calls sys.exit({error.code!r}) when imported{place(error, path)}: "
+                          "a lab file only defines its pieces") from None
     except Exception as error:
         raise NotLoadable(f"{path.name} fails when imported: {in_one_line(error, path)}") from None
     missing = [name for name in names if not hasattr(module, name)]
     if missing:
         raise NotLoadable(f"{path.name} has no {', '.join(missing)}: keep the starter's names")
     return module
+
+
+def wrong_kinds(module, originals: dict[str, object]) -> list[str]:
+    """Names the participant bound to something else than the starter's kind (a class, a function)."""
+    found = []
+    for name, original in originals.items():
+        theirs = getattr(module, name)
+        kind = "class" if inspect.isclass(original) else "function"
+        if (inspect.isclass(theirs) if kind == "class" else inspect.isfunction(theirs)):
+            continue
+        found.append(f"{name} is {type(theirs).__name__ if theirs is not None else 'None'}, not a {kind}: "
+                     f"keep the starter's {kind} {name}")
+    return found
 
 
 def parameters(function) -> list[tuple]:
@@ -89,15 +106,37 @@ def signature_mismatches(module, originals: dict[str, object]) -> list[str]:
     return found
 
 
+def deepest(error: BaseException, path: Path | None = None):
+    """The deepest frame of the participant's file in the traceback (else the deepest anywhere)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    theirs = [f for f in frames if path is not None and Path(f.filename).resolve() == path.resolve()]
+    return (theirs or frames)[-1] if frames else None
+
+
+def place(error: BaseException, path: Path | None = None) -> str:
+    """' (my_file.py line 12)', or '' without a traceback."""
+    where = deepest(error, path)
+    return f" ({Path(where.filename).name} line {where.lineno})" if where else ""
+
+
 def in_one_line(error: BaseException, path: Path | None = None) -> str:
     """'TypeError: message (my_file.py line 12)': the type, the message, and the deepest line of
     the participant's file in the traceback (else the deepest line anywhere)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    theirs = [f for f in frames if path is not None and Path(f.filename).resolve() == path.resolve()]
-    where = (theirs or frames)[-1:] if frames else []
-    place = f" ({Path(where[0].filename).name} line {where[0].lineno})" if where else ""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}{': ' + message if message else ''}{place}"
+    return f"{type(error).__name__}{': ' + message if message else ''}{place(error, path)}"
+
+
+def what_broke(error: BaseException, path: Path | None) -> str:
+    """One sentence for an exception out of the participant's code: a time limit names their
+    function that did not return, sys.exit names the call, anything else its type and line."""
+    where = deepest(error, path)
+    mine = where is not None and path is not None and Path(where.filename).resolve() == path.resolve()
+    who = f"your {where.name} ({Path(where.filename).name} line {where.lineno})" if mine else "your code"
+    if isinstance(error, TimeoutError) and error.args and str(error.args[0]).startswith("still running"):
+        return f"{who} did not return within {error.args[1]} s: an endless loop?"
+    if isinstance(error, SystemExit):
+        return f"{who} called sys.exit({error.code!r}): a lab's code returns or raises, it never ends the process"
+    return f"your code raised {in_one_line(error, path)}"
 
 
 @contextmanager
@@ -110,7 +149,7 @@ def time_limit(seconds: int):
         return
 
     def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: an endless loop?")
+        raise TimeoutError(f"still running after {seconds} s: an endless loop?", seconds)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.alarm(seconds)
@@ -121,23 +160,27 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def judge(properties: list[Property], module, path: Path | None, seconds: int = 30) -> list[Verdict]:
-    """Try every property (each within `seconds`); a failure becomes its given input and what
-    went wrong."""
-    verdicts = []
+def judged(properties: list[Property], module, path: Path | None, seconds: int = 30):
+    """Try every property (each within `seconds`), yielding its verdict as soon as it is known;
+    a failure becomes its given input and what went wrong."""
     for prop in properties:
         try:
             with time_limit(seconds):
                 prop.check(module)
-            verdicts.append(Verdict(prop.sentence))
+            yield Verdict(prop.sentence)
         except Failed as failed:
-            verdicts.append(Verdict(prop.sentence, f"on {failed.given}\n{failed.detail}"))
+            yield Verdict(prop.sentence, f"on {failed.given}\n{failed.detail}")
         except NotImplementedError as error:
-            verdicts.append(Verdict(prop.sentence, f"not written yet: {error}"))
-        except Exception as error:  # their code broke: name it in one line
+            yield Verdict(prop.sentence, f"not written yet: {error}")
+        except (Exception, SystemExit) as error:  # their code broke (or ended the process): one line
             on = f"on {prop.given}\n" if prop.given else ""
-            verdicts.append(Verdict(prop.sentence, f"{on}your code raised {in_one_line(error, path)}"))
-    return verdicts
+            fatal = isinstance(error, (SystemExit, TimeoutError)) and not isinstance(error, Failed)
+            yield Verdict(prop.sentence, f"{on}{what_broke(error, path)}", fatal)
+
+
+def judge(properties: list[Property], module, path: Path | None, seconds: int = 30) -> list[Verdict]:
+    """Every property's verdict (see `judged`)."""
+    return list(judged(properties, module, path, seconds))
 
 
 def say(*lines: str) -> None:

@@ -30,6 +30,7 @@ class Lab:
     samples: bool = True                # does the run include n > 1 (forks)?
     max_tokens: int = 12                # per sequence of the run
     note: str = ""                      # said before the run
+    seconds: int = 10                   # each property's time limit (a loop in the participant's code)
     meeting: str = ""                   # the meeting of the series (docs/series.md) it builds on
     # the engine run after the properties hold: run(pieces, llm, pictures) -> lines to print, a
     # RuntimeError when the participant's engine fails or differs; None: the plugged run of
@@ -74,7 +75,7 @@ LABS = {lab.number: lab for lab in [
         kernel_props.solution, kernel_props.LAB5, dict(TIGHT, enable_prefix_caching=False),
         max_tokens=8, note="every decode step reads K and V through your lookup, in the emulated kernel "
                            "(prompts go through the NumPy reference: emulated, they would take a minute)",
-        meeting="3, address translation in the hot loop"),
+        meeting="3, address translation in the hot loop", seconds=30),
     # (lab 6)
     # (lab 7)
     # (lab 8)

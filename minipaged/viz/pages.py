@@ -63,15 +63,21 @@ def _svg_label(y: float, text: str) -> str:
     return f'<text x="0" y="{y + CELL / 2 + FONT * 0.35:.1f}" font-size="{FONT}">{escape(text[:11])}</text>'
 
 
+def plural(count: int, noun: str) -> str:
+    """'1 frame', '3 frames'."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 # ---- frame map: the physical pool, one cell per frame --------------------------------------
 
 @dataclass(slots=True)
 class FrameMap:
     """Every device frame, by owner: a letter per sequence, a digit n for a frame n sequences
     share, c for a cached block nobody maps (reusable), r for a frame reserved in a contiguous
-    chunk, . for free."""
+    chunk, . for free. `names` (seq id -> a name, e.g. the request's "r0") labels the legend."""
     manager: BlockManager
     per_row: int = 32
+    names: dict | None = None
 
     def title(self) -> str:
         m = self.manager
@@ -87,7 +93,9 @@ class FrameMap:
         """Who each letter is, then what the other symbols mean."""
         m, styles = self.manager, _styles(self.manager)
         on_device = [view for view in map(m.table_view, m.seq_ids()) if not view.swapped]
-        seqs = "  ".join(f"{styles[v.seq_id][0]} = {v.seq_id!r} ({len(v.frames)} frames)" for v in on_device)
+        names = self.names or {}
+        seqs = "  ".join(f"{styles[v.seq_id][0]} = {names.get(v.seq_id, repr(v.seq_id))} ({plural(len(v.frames), 'frame')})"
+                         for v in on_device)
         reserved = "  r = reserved, not written yet" if any(s.reserved for s in m.frame_states()) else ""
         symbols = f"2-9 = shared by that many sequences  c = cached, reusable{reserved}  . = free"
         return [seqs, symbols] if seqs else [symbols]
