@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,30 @@ def test_an_endless_loop_is_stopped_and_named(tmp_path):
     assert re.search(r"your _reserve_decode_slots \(my_lab4.py line \d+\) did not return within 1 s: an endless loop\?$",
                      stuck.failure), stuck.failure
     assert stuck.fatal
+
+
+# A statement that breaks a participant's method, per language: it must end the check with one
+# sentence and a non-zero exit, well within 30 s (a 2 s limit here, 10 s in a room).
+BREAKS = {
+    ".py": {"a loop": "while True: pass", "sys.exit": "import sys; sys.exit(0)",
+            "a crash": "import ctypes; ctypes.string_at(0)"},
+    ".cu": {"a loop": "for (volatile int spin = 0; ; spin = spin + 1) {}", "a crash": "*(volatile int*)nullptr = 1;"},
+}
+SAID = {"a loop": r"your (\w+ \(my_lab\d+\.py line \d+\)|kernel) did not return within 2 s: an endless loop\?",
+        "sys.exit": r"your \w+ \(my_lab\d+\.py line \d+\) called sys\.exit\(0\)",
+        "a crash": r"your (\w+ \(my_lab\d+\.py line \d+\)|kernel) crashed the process \(SIGSEGV"}
+
+
+@pytest.mark.parametrize("lab, broken", [(lab, b) for lab in LABS for b in BREAKS[LABS[lab].starter_path.suffix]])
+def test_a_loop_a_crash_or_an_exit_ends_the_check_with_one_sentence(lab, broken, tmp_path):
+    case = cases(lab)
+    line = case.BREAK_AT.rstrip("\n")
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    statement = BREAKS[LABS[lab].starter_path.suffix][broken]
+    path = written(tmp_path, lab, case.BREAK_AT, f"{case.BREAK_AT}{indent}{statement}\n")
+    start = time.monotonic()
+    done = check(lab, path, "--no-engine", "--time-limit", 2)
+    assert done.returncode == 1 and time.monotonic() - start < 30
+    assert "Traceback" not in done.stdout + done.stderr and done.stderr == "", done.stderr
+    assert re.search(SAID[broken], done.stdout), done.stdout
+    assert "the check stopped there" in done.stdout

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -43,6 +44,8 @@ def build_parser() -> CommandParser:
     grade.add_argument("--pictures", type=Path, default=PICTURES, metavar="DIR",
                        help="the folder the check writes its pictures in (default: labs/pictures)")
     grade.add_argument("--no-engine", action="store_true", help="grade the properties only")
+    grade.add_argument("--time-limit", type=number(int, 1, 600), metavar="S",
+                       help="each property's time limit in seconds (default: the lab's, 10 s)")
     return parser
 
 
@@ -65,7 +68,10 @@ def main(argv=None) -> int:
     if (args.file is None) == (not args.solution):
         parser.error("check takes a file or --solution (one of them)")
     try:
-        return check(LABS[args.number], args.file, args.model, args.pictures, engine=not args.no_engine)
+        lab = LABS[args.number]
+        if args.time_limit:
+            lab = dataclasses.replace(lab, seconds=args.time_limit)
+        return check(lab, args.file, args.model, args.pictures, engine=not args.no_engine)
     except BrokenPipeError:  # `| head`: stop quietly, as the chat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141

@@ -5,6 +5,7 @@ or a sys.exit in it ends the check with one sentence. Returns the exit code: 0 p
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import multiprocessing
 import re
@@ -58,7 +59,7 @@ def supervise(lab: Lab, path: Path | None, model: str | None, pictures: Path, en
     receiver, sender = context.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="minipaged-lab-") as folder:
         trace = Path(folder) / "traceback.txt"
-        child = context.Process(target=grade, args=(sender, lab.number, path, model, pictures, engine, trace),
+        child = context.Process(target=grade, args=(sender, lab.number, lab.seconds, path, model, pictures, engine, trace),
                                 daemon=True)
         child.start()
         sender.close()
@@ -108,12 +109,12 @@ def how_it_ended(exitcode: int | None, trace: str, path: Path | None, limit: int
 
 # ---- the child: the check itself, each step announced with its limit -------------------------
 
-def grade(sender, number: int, path: Path | None, model: str | None, pictures: Path, engine: bool,
+def grade(sender, number: int, seconds: int, path: Path | None, model: str | None, pictures: Path, engine: bool,
           trace: Path) -> None:
     """The whole check, in the child. Before each step it tells the parent what it does and for
     how long; faulthandler writes the traceback if the step outlives its limit (a loop in compiled
     code, which SIGALRM cannot stop) or the process crashes."""
-    lab = LABS[number]
+    lab = dataclasses.replace(LABS[number], seconds=seconds)
     with open(trace, "w") as log:
         faulthandler.enable(log)
 

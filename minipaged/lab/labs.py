@@ -75,7 +75,7 @@ LABS = {lab.number: lab for lab in [
         kernel_props.solution, kernel_props.LAB5, dict(TIGHT, enable_prefix_caching=False),
         max_tokens=8, note="every decode step reads K and V through your lookup, in the emulated kernel "
                            "(prompts go through the NumPy reference: emulated, they would take a minute)",
-        meeting="3, address translation in the hot loop", seconds=30),
+        meeting="3, address translation in the hot loop"),
     # (lab 6)
     # (lab 7)
     # (lab 8)
