@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -284,3 +285,27 @@ def test_a_loop_a_crash_or_an_exit_ends_the_check_with_one_sentence(lab, broken,
     assert "Traceback" not in done.stdout + done.stderr and done.stderr == "", done.stderr
     assert re.search(SAID[broken], done.stdout), done.stdout
     assert "the check stopped there" in done.stdout
+
+
+def test_every_lab_command_the_readmes_quote_parses_as_typed():
+    """labs/README.md and the README quote `python -m minipaged.lab ...` and `make lab ...`: each
+    parses (the lab's own parser; make -n), so what a participant types works after setup."""
+    from minipaged.lab.__main__ import build_parser
+    quoted = []
+    for doc in (ROOT / "labs/README.md", ROOT / "README.md"):
+        text = doc.read_text()
+        quoted += [line.split("  #")[0].split(" #")[0].strip() for block in re.findall(r"^```\n(.*?)^```", text, re.S | re.M)
+                   for line in block.splitlines()]
+        quoted += re.findall(r"`((?:python -m minipaged\.lab|make lab) [^`]+)`", text)
+    labs = [q for q in quoted if q.startswith(("python -m minipaged.lab", "make lab "))]
+    assert len(labs) >= 6 and any(" hint " in q for q in labs) and any(q.startswith("make lab ") for q in labs)
+    for command in labs:
+        words = [{"N": "1", "K": "2", "DIR": "pictures"}.get(w, w) for w in shlex.split(command)]  # placeholders
+        if words[0] == "make":
+            assert subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True).returncode == 0, command
+            continue
+        try:
+            build_parser().parse_args(words[3:])
+        except SystemExit as stop:
+            assert stop.code == 0, command
+    assert "source .venv/bin/activate" in (ROOT / "labs/README.md").read_text()
