@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 import signal
 import traceback
 from contextlib import contextmanager
@@ -160,6 +161,27 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
+def look_at(module, path: Path | None, failed: Failed) -> str:
+    """'\nlook at your allocate (my_file.py line 8)': the first of the participant's own methods the
+    message names as a call (`allocate(`, `.allocate`), where it is in their file; '' if none."""
+    if path is None or path.suffix != ".py":
+        return ""
+    mine = {}
+    for value in vars(module).values():
+        members = vars(value).values() if inspect.isclass(value) else [value]
+        for function in members:
+            code = getattr(function, "__code__", None)
+            if code is not None and Path(code.co_filename).resolve() == path.resolve():
+                mine.setdefault(function.__name__, code.co_firstlineno)
+    text = f"{failed.given} {failed.detail}"
+    named = sorted((m.start(), m.group(1)) for name in mine
+                   for m in re.finditer(rf"(?:\.|\b)({re.escape(name)})\(|\.({re.escape(name)})\b", text) if m.group(1))
+    if not named:
+        return ""
+    name = named[0][1]
+    return f"\nlook at your {name} ({path.name} line {mine[name]})"
+
+
 def judged(properties: list[Property], module, path: Path | None, seconds: int = 30):
     """Try every property (each within `seconds`), yielding its verdict as soon as it is known;
     a failure becomes its given input and what went wrong."""
@@ -169,7 +191,7 @@ def judged(properties: list[Property], module, path: Path | None, seconds: int =
                 prop.check(module)
             yield Verdict(prop.sentence)
         except Failed as failed:
-            yield Verdict(prop.sentence, f"on {failed.given}\n{failed.detail}")
+            yield Verdict(prop.sentence, f"on {failed.given}\n{failed.detail}{look_at(module, path, failed)}")
         except NotImplementedError as error:
             yield Verdict(prop.sentence, f"not written yet: {error}")
         except (Exception, SystemExit) as error:  # their code broke (or ended the process): one line
