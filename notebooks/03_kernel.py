@@ -424,7 +424,8 @@ else:
 # ## Lab
 #
 # Now write it yourself (lab 5, [labs/README.md](../labs/README.md)). In a terminal, at the top of
-# the repository, copy the starter, fill in the bodies, and grade it:
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
 #
 # - **Lab 5** (about 30 minutes): the page-table lookup inside the kernel (`struct PagedRows`), in CUDA that the CPU emulation runs.
 #
@@ -433,6 +434,6 @@ else:
 #   python -m minipaged.lab check 5 my_kernel.cu
 #   ```
 #
-# The check names each property your code breaks, on a small input. Once they all hold, it
-# runs SmolLM2 with your code plugged in, next to the engine's own (the tokens must be the
-# same), and draws your frames. The hints unfold one at a time in the README.
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 5` shows the next hint, one at a time, from the idea to the code.

@@ -273,7 +273,8 @@ display(Markdown(
 # ## Lab
 #
 # Now write it yourself (labs 2 and 3, [labs/README.md](../labs/README.md)). In a terminal, at the top of
-# the repository, copy the starter, fill in the bodies, and grade it:
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
 #
 # - **Lab 2** (about 25 minutes): reference counts, `fork` and copy-on-write.
 #
@@ -289,6 +290,6 @@ display(Markdown(
 #   python -m minipaged.lab check 3 my_cache.py
 #   ```
 #
-# The check names each property your code breaks, on a small input. Once they all hold, it
-# runs SmolLM2 with your code plugged in, next to the engine's own (the tokens must be the
-# same), and draws your frames. The hints unfold one at a time in the README.
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 2` or `python -m minipaged.lab hint 3` shows the next hint, one at a time, from the idea to the code.
