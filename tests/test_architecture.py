@@ -19,7 +19,8 @@ LAYERS = [
     {"config"},  # EngineConfig: every option, each seam's policy named
     {"engine"},
     {"llm"},
-    {"chat", "serve", "bench", "lab", "minipaged"},  # the doors (and __init__)
+    {"chat", "serve", "bench", "minipaged"},  # the doors (and __init__)
+    {"lab"},  # the labs: graded pieces, replayed on the benchmarks' traces
     {"simulate"},  # `python -m minipaged.simulate`, the alias of minipaged.bench.simulate
 ]
 REQUEST_PATH = ["llm", "engine", "scheduler", "runner", "sequence", "beam", "sampling", "outputs", "policies"]

@@ -181,7 +181,8 @@ def test_hint_shows_the_next_hint_each_time(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["check", "7", "x.py"], "argument N: 7 is above the largest allowed value, 5"),
+    (["check", "99", "x.py"], f"argument N: 99 is above the largest allowed value, {len(LABS)}"),
+    (["hint", "0"], "argument N: 0 is below the smallest allowed value, 1"),
     (["check", "1"], "check takes a file or --solution (one of them)"),
     (["check", "1", "x.py", "--solution"], "check takes a file or --solution (one of them)"),
     (["grade"], "argument COMMAND: invalid choice: 'grade'"),
