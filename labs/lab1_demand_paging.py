@@ -2,7 +2,7 @@
 slot, append_slot and free; the engine's own classes give you everything else.
 
 Grade it (then it serves the model):  python -m minipaged.lab check 1 my_paging.py
-Hints, one step at a time:            labs/README.md, "Lab 1"
+Stuck? The next hint, one at a time:  python -m minipaged.lab hint 1
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ class BlockAllocator(paging.BlockAllocator):
     def allocate(self) -> int:
         """A frame with ref count 1, taken from the free list. When no frame is free, raise
         NoFreeFramesError (the scheduler catches it and preempts someone) and change nothing."""
-        raise NotImplementedError("lab 1: write BlockAllocator.allocate (hint 1 in labs/README.md)")
+        raise NotImplementedError("lab 1: write BlockAllocator.allocate (stuck? python -m minipaged.lab hint 1)")
 
     def free(self, frame: int) -> None:
         """One page table fewer maps `frame`: its ref count goes down by one, and at 0 the frame
         goes back to the free list. Freeing a frame whose ref count is already 0 is a bug in the
         caller: raise ValueError."""
-        raise NotImplementedError("lab 1: write BlockAllocator.free (hint 2 in labs/README.md)")
+        raise NotImplementedError("lab 1: write BlockAllocator.free (stuck? python -m minipaged.lab hint 1)")
 
 
 class BlockTable(paging.BlockTable):
@@ -44,21 +44,22 @@ class BlockTable(paging.BlockTable):
     def slot(self, position: int) -> int:
         """Where token `position` (0, 1, ...) of the sequence lives in the KV cache:
         frame * block_size + offset, the frame of its logical block, the offset inside it."""
-        raise NotImplementedError("lab 1: write BlockTable.slot (hint 3 in labs/README.md)")
+        raise NotImplementedError("lab 1: write BlockTable.slot (stuck? python -m minipaged.lab hint 1)")
 
     def append_slot(self, token_id: int) -> tuple[int, CowPair | None]:
         """Place the next token: return (its slot, None). Demand paging: take a new frame only
         when the token starts a new logical block (the last frame is full, or there is none).
         If allocate raises NoFreeFramesError, let it through with nothing changed.
-        Two calls the engine needs, already written for you:
-        - before writing into a last frame that another table shares (lab 2), do
-          `cow = self._copy_on_write()` and return (slot, cow) instead of (slot, None);
+        Two calls the engine needs, already written for you (the check tries both):
+        - when the token goes into a last frame that another table shares (a fork, lab 2:
+          `self.last_frame_shared()`), first `cow = self._copy_on_write()`, and return
+          (slot, cow) instead of (slot, None); a full shared frame is never copied;
         - when the token fills its block, call `self._name_full_blocks()` (lab 3 hashes it).
         (The engine's own append_slot puts the first part in a helper, _make_room, which its
         speculative decoding shares; here you write it all in append_slot.)"""
-        raise NotImplementedError("lab 1: write BlockTable.append_slot (hint 4 in labs/README.md)")
+        raise NotImplementedError("lab 1: write BlockTable.append_slot (stuck? python -m minipaged.lab hint 1)")
 
     def free(self) -> None:
         """Release every frame of the table (the sequence finished, or was preempted), last
         block first, and leave the table empty of frames."""
-        raise NotImplementedError("lab 1: write BlockTable.free (hint 5 in labs/README.md)")
+        raise NotImplementedError("lab 1: write BlockTable.free (stuck? python -m minipaged.lab hint 1)")

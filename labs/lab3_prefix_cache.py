@@ -3,7 +3,7 @@ a full block by everything before it, and the cache's lookup, insert and release
 evict); the engine's allocator and block manager call them.
 
 Grade it (then it serves the model):  python -m minipaged.lab check 3 my_cache.py
-Hints, one step at a time:            labs/README.md, "Lab 3"
+Stuck? The next hint, one at a time:  python -m minipaged.lab hint 3
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def block_hash(prev_hash: int | None, token_ids) -> int:
     """The name of a full block: its tokens (a list or a tuple of ints) chained to the name of
     the block before it (None for a sequence's first block). Two blocks get the same name only
     if their tokens and everything before them are the same, so equal K and V."""
-    raise NotImplementedError("lab 3: write block_hash (hint 1 in labs/README.md)")
+    raise NotImplementedError("lab 3: write block_hash (stuck? python -m minipaged.lab hint 3)")
 
 
 class PrefixCache(paging.PrefixCache):
@@ -31,24 +31,24 @@ class PrefixCache(paging.PrefixCache):
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
         """The frame holding this block (these tokens after the block named prev_hash), or None.
         Compare the tokens too, not only the hash: two different blocks may hash alike."""
-        raise NotImplementedError("lab 3: write PrefixCache.lookup (hint 2 in labs/README.md)")
+        raise NotImplementedError("lab 3: write PrefixCache.lookup (stuck? python -m minipaged.lab hint 3)")
 
     def insert(self, frame: int, prev_hash: int | None, token_ids) -> int:
         """`frame` now holds this full block: remember it, and return the block's hash. When
         the block is cached already (another frame holds it), or `frame` is already cached,
         keep what is there and still return the hash."""
-        raise NotImplementedError("lab 3: write PrefixCache.insert (hint 3 in labs/README.md)")
+        raise NotImplementedError("lab 3: write PrefixCache.insert (stuck? python -m minipaged.lab hint 3)")
 
     def park(self, frame: int) -> None:
         """Release: `frame` lost its last user (the allocator calls this when its ref count falls
         to 0). Keep its block findable; it becomes the most recently used evictable frame."""
-        raise NotImplementedError("lab 3: write PrefixCache.park (hint 4 in labs/README.md)")
+        raise NotImplementedError("lab 3: write PrefixCache.park (stuck? python -m minipaged.lab hint 3)")
 
     def revive(self, frame: int) -> None:
         """A lookup hit on a parked frame: someone maps it again, so it is no longer evictable."""
-        raise NotImplementedError("lab 3: write PrefixCache.revive (hint 4 in labs/README.md)")
+        raise NotImplementedError("lab 3: write PrefixCache.revive (stuck? python -m minipaged.lab hint 3)")
 
     def evict(self) -> int:
         """The allocator has no never-cached frame left: take the least recently used parked
         frame, forget the block it held (lookups miss it from now on), and return it."""
-        raise NotImplementedError("lab 3: write PrefixCache.evict (hint 5 in labs/README.md)")
+        raise NotImplementedError("lab 3: write PrefixCache.evict (stuck? python -m minipaged.lab hint 3)")

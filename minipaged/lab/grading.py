@@ -163,23 +163,28 @@ def time_limit(seconds: int):
 
 def look_at(module, path: Path | None, failed: Failed) -> str:
     """'\nlook at your allocate (my_file.py line 8)': the first of the participant's own methods the
-    message names as a call (`allocate(`, `.allocate`), where it is in their file; '' if none."""
+    message names as a call (`allocate(`, `.allocate`), the failure's text before its input; a
+    name two classes define is given with both. '' when none is named."""
     if path is None or path.suffix != ".py":
         return ""
-    mine = {}
+    mine: dict[str, list[tuple[str, int]]] = {}  # bare name -> (qualified name, first line) in their file
     for value in vars(module).values():
         members = vars(value).values() if inspect.isclass(value) else [value]
         for function in members:
             code = getattr(function, "__code__", None)
             if code is not None and Path(code.co_filename).resolve() == path.resolve():
-                mine.setdefault(function.__name__, code.co_firstlineno)
-    text = f"{failed.given} {failed.detail}"
-    named = sorted((m.start(), m.group(1)) for name in mine
-                   for m in re.finditer(rf"(?:\.|\b)({re.escape(name)})\(|\.({re.escape(name)})\b", text) if m.group(1))
-    if not named:
-        return ""
-    name = named[0][1]
-    return f"\nlook at your {name} ({path.name} line {mine[name]})"
+                place = (function.__qualname__, code.co_firstlineno)
+                if place not in mine.setdefault(function.__name__, []):
+                    mine[function.__name__].append(place)
+    for text in (failed.detail, failed.given):
+        named = sorted((m.start(), name) for name in mine
+                       for m in re.finditer(rf"(?:\.|\b){re.escape(name)}\(|\.{re.escape(name)}\b", text))
+        if named:
+            places = mine[named[0][1]]
+            if len(places) == 1:
+                return f"\nlook at your {named[0][1]} ({path.name} line {places[0][1]})"
+            return "\nlook at your " + " or ".join(f"{q} (line {line})" for q, line in places) + f" in {path.name}"
+    return ""
 
 
 def judged(properties: list[Property], module, path: Path | None, seconds: int = 30):
