@@ -8,7 +8,8 @@ compiles it for the CPU (the emulation: every CUDA thread a fiber, no GPU needed
 decode versions 1 and 5 and the prefill kernel with the NumPy reference; then the model runs
 its attention through your lookup.
 
-    python -m minipaged.lab check 5 my_kernel.cu        (hints: labs/README.md, "Lab 5")
+    python -m minipaged.lab check 5 my_kernel.cu
+    python -m minipaged.lab hint 5                     (stuck? the next hint, one at a time)
 
 The cache of one layer is one flat array, [num_blocks, block_size, num_kv_heads, HEAD_DIM] in
 row-major order; block_table lists this sequence's frames in logical order (-1 past its end).
@@ -22,10 +23,10 @@ struct PagedRows {
     int block_size, num_kv_heads, kv_head;
 
     __device__ __forceinline__ const T* operator[](int pos) const {
-        // lab 5: find the frame of pos's logical block in block_table (hint 1 in labs/README.md),
-        // the slot of pos in the cache, frame * block_size + offset (hint 2), and the row of
-        // kv_head in that slot (hint 3). Compute in long long: a large cache has more elements
-        // than an int counts.
+        // lab 5: three steps, as an MMU translates an address: the frame of pos's logical block
+        // (block_table), the slot of pos in the cache (frame * block_size + its offset in the
+        // block), and the row of kv_head in that slot. Compute in long long: a large cache has
+        // more elements than an int counts. Stuck? python -m minipaged.lab hint 5
         return cache;  // wrong on purpose: every position reads the first row of frame 0
     }
 };

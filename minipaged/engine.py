@@ -47,15 +47,19 @@ class LLMEngine:
         self.step_count = 0
 
     # ---- the API --------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
+                    client: str | None = None) -> None:
         """Queue a request: prompt is a string or {"prompt_token_ids": [...]}; `priority` (vLLM's:
-        lower runs first) needs a waiting order that reads it (scheduling_policy). A bad request
-        raises ValueError saying what was wrong, and nothing is queued."""
+        lower runs first) needs a waiting order that reads it (scheduling_policy); `client` names
+        who asked, for an order that shares the server among clients. A bad request raises
+        ValueError saying what was wrong, and nothing is queued."""
         params = SamplingParams() if params is None else params
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use; ids must be unique")
+        if client is not None and not isinstance(client, str):
+            raise ValueError(f"client must be a string naming who asked, got {client!r}")
         try:
             text, ids = self._check_request(prompt, params, priority)
         except ValueError as error:
@@ -63,7 +67,7 @@ class LLMEngine:
         seqs = [Sequence(self.scheduler.new_seq_id(), list(ids), len(ids), index=i, generator=make_generator(params, i),
                          detokenizer=IncrementalDetokenizer(self.tokenizer))
                 for i in range(1 if params.beam_width > 1 else params.n)]
-        self.requests[request_id] = Request(request_id, text, list(ids), params, seqs)
+        self.requests[request_id] = Request(request_id, text, list(ids), params, seqs, client=client or "")
         self.scheduler.add(self.requests[request_id], priority)
 
     def abort_request(self, request_id: str) -> RequestOutput:

@@ -104,6 +104,7 @@ class Scheduler:
         self.config, self.blocks, self.lookahead = config, blocks, lookahead
         self.batching = policies.SEAMS["scheduler"][config.batching]
         self.order, self.admission, self.victim = policies.scheduler_policies(config)
+        self.served = policies.listener(self.order)  # the order hears what each row was served
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -150,11 +151,12 @@ class Scheduler:
         in `stopped` (eos, a stop string) or at its length limit. Returns the requests that
         finished, in the order they ran."""
         request_of, accepted = {}, accepted or {}
-        for scheduled in batch.scheduled:
-            scheduled.seq.num_computed += scheduled.num_new_tokens  # (a prompt chunk samples nothing)
-            for seq in scheduled.samplers:  # forked samples share the prompt's cache
-                seq.num_computed = len(scheduled.seq.token_ids)
-                request_of[seq] = scheduled.request
+        for s in batch.scheduled:
+            s.seq.num_computed += s.num_new_tokens  # (a prompt chunk samples nothing)
+            self.served(s.request, s.num_new_tokens + len(accepted.get(s.seq, ())), s.kind)  # (extra: kept ones)
+            for seq in s.samplers:  # forked samples share the prompt's cache
+                seq.num_computed = len(s.seq.token_ids)
+                request_of[seq] = s.request
         for seq, token in tokens.items():
             seq.num_computed += len(accepted.get(seq, ()))  # accepted extra tokens have their K and V
             seq.token_ids += [*accepted.get(seq, ()), token]

@@ -109,6 +109,7 @@ class Request:
     num_cached_tokens: int = 0      # prompt tokens found in the prefix cache at first admission
     priority: int = 0               # vLLM's `priority=` (lower first), for a waiting order that reads it
     arrival: int = 0                # the scheduler's step count when it was added (waiting orders read it)
+    client: str = ""                # who asked (the server's API key, else address): a fair order reads it
     done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # asked for: per prompt token, from the prefill
 

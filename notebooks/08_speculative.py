@@ -273,3 +273,21 @@ display(Markdown("\n".join(lines)))
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 9, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 9** (about 30 minutes): the n-gram proposer and the page table's rollback of rejected guesses.
+#
+#   ```
+#   cp labs/lab9_speculation.py my_speculation.py
+#   python -m minipaged.lab check 9 my_speculation.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 9` shows the next hint, one at a time, from the idea to the code.

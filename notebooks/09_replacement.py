@@ -274,3 +274,21 @@ print("the same answers:", served["lru"][0] == served["fifo"][0])
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 6, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 6** (about 25 minutes): CLOCK, the second-chance replacement of the prefix cache's parked frames.
+#
+#   ```
+#   cp labs/lab6_clock.py my_clock.py
+#   python -m minipaged.lab check 6 my_clock.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 6` shows the next hint, one at a time, from the idea to the code.

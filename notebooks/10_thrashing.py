@@ -235,3 +235,21 @@ display(Markdown("\n".join(lines)))
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 8, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 8** (about 30 minutes): working-set admission: a request joins only while everyone's working set fits.
+#
+#   ```
+#   cp labs/lab8_working_set.py my_working_set.py
+#   python -m minipaged.lab check 8 my_working_set.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 8` shows the next hint, one at a time, from the idea to the code.

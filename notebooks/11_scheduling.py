@@ -251,3 +251,21 @@ display(Markdown("\n".join(f"- {outputs['fcfs'][str(i)]!r}" for i in range(len(p
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 7, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 7** (about 25 minutes): shortest job first with aging: the waiting order that bounds a long job's wait.
+#
+#   ```
+#   cp labs/lab7_aging.py my_aging.py
+#   python -m minipaged.lab check 7 my_aging.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 7` shows the next hint, one at a time, from the idea to the code.

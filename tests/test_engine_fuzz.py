@@ -6,7 +6,7 @@ max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requ
 chunked prefill with a budget of a few tokens per step, speculative decoding (n-gram or draft
 layers, k guesses; continuous and paged only, no beams: refused), the prefix cache's replacement
 policy (LRU, FIFO, CLOCK, random), the drum behind it (a host tier of 1 to 32 frames), the waiting
-queue's order (FCFS, SJF, aging, priority), the working-set admission rule, max_model_len, a KV pool from the
+queue's order (FCFS, SJF, aging, priority, fair), the working-set admission rule, max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
@@ -100,7 +100,7 @@ class Scenario:
     speculative: str = ""                # "ngram" or "draft_layers": speculative decoding
     num_speculative_tokens: int = 0
     prefix_cache_policy: str = "lru"     # which parked cached frame is evicted first (issue 22)
-    scheduling_policy: str = "fcfs"      # the waiting queue's order: "sjf", "aging"
+    scheduling_policy: str = "fcfs"      # the waiting queue's order: "sjf", "aging", "priority", "fair"
     kv_offload_frames: int = 0           # the drum: host frames behind the prefix cache (0: none)
     admission: str = "greedy"            # or "working-set": admit while the running sequences' growth fits
     admission_window: int = 16
@@ -132,7 +132,7 @@ class Scenario:
         policies = np.random.default_rng([BASE_SEED, seed, 6])  # the old ideas' options, a stream of their own
         pick = lambda options: options[int(policies.integers(len(options)))]
         changes |= {"prefix_cache_policy": pick(("lru", "lru", "fifo", "clock", "random")),
-                    "scheduling_policy": pick(("fcfs", "fcfs", "sjf", "aging", "priority"))}
+                    "scheduling_policy": pick(("fcfs", "fair", "sjf", "aging", "priority"))}
         if sc.prefix_caching and sc.scheduler == "continuous" and "allocator" not in changes:
             changes["kv_offload_frames"] = pick((0, 0, 1, 4, 32))  # 1 and 4: the tier evicts too
         if policies.random() < 0.3:
@@ -702,6 +702,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
         while pending and (pending[0].arrival <= step or not engine.has_unfinished_requests()):
             r = pending.pop(0)
             urgency = {"priority": int(r.rid[1:]) % 3} if sc.scheduling_policy == "priority" else {}
+            urgency |= {"client": f"c{int(r.rid[1:]) % 3}"} if sc.scheduling_policy == "fair" else {}
             engine.add_request(r.rid, {"prompt_token_ids": list(r.prompt)}, r.params, **urgency)
             state[r.rid] = "waiting"
             stats.requests += 1
@@ -797,7 +798,7 @@ def test_fuzz_engine(llm, capsys):
     assert stats.options["chunked_prefill=True"] and stats.prompt_chunks, stats.line()
     assert stats.options["speculative=ngram"] and stats.options["speculative=draft_layers"], stats.options
     assert all(stats.options[f"prefix_cache_policy={p}"] for p in ("lru", "fifo", "clock", "random")), stats.options
-    assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging", "priority")), stats.options
+    assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging", "priority", "fair")), stats.options
     assert stats.options["admission=working-set"], stats.options
     assert stats.options["kv_offload=True"] and stats.tier_hits, stats.line()
     assert 0 < stats.accepted < stats.guessed, stats.line()

@@ -167,7 +167,8 @@ def test_ends_with_exercises_whose_solutions_are_folded(path):
     assert not tagged, f"cells {tagged} are hidden or tagged (raises-exception?): nothing is hidden by metadata"
 
 
-LABS_OF = {"02_page_tables": [1], "03_kernel": [5], "04_sharing": [2, 3], "05_batching": [4]}
+LABS_OF = {"02_page_tables": [1], "03_kernel": [5], "04_sharing": [2, 3], "05_batching": [4], "08_speculative": [9],
+           "09_replacement": [6], "10_thrashing": [8], "11_scheduling": [7], "14_fair_queuing": [10]}
 
 
 def test_each_lab_closes_the_notebook_it_builds_on():

@@ -9,6 +9,8 @@ random model); every loop is bounded in count and time.
 
 import json
 import logging
+import threading
+import time
 from importlib.metadata import PackageNotFoundError, version
 
 import httpx
@@ -169,6 +171,54 @@ def test_out_of_vocabulary_prompt_ids_say_so(tiny_llm, url):
     assert r.status_code == 400 and f"token id {vocab + 3} is out of vocabulary" in r.json()["error"]["message"]
 
 
+def test_load_counts_the_requests_not_yet_done(url):
+    """vLLM's GET /load: {"server_load": requests in flight}; 0 when idle, 1 while one runs."""
+    assert httpx.get(f"{url}/load").json() == {"server_load": 0}
+    seen, answer = [], []
+    body = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    worker = threading.Thread(target=lambda: answer.append(post(url, "/v1/completions", body)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while worker.is_alive() and time.monotonic() < deadline:
+        seen.append(httpx.get(f"{url}/load").json()["server_load"])
+    worker.join(30)
+    assert answer and answer[0].status_code == 200 and 1 in seen and max(seen) == 1, seen[:20]
+    while httpx.get(f"{url}/load").json()["server_load"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert httpx.get(f"{url}/load").json() == {"server_load": 0}
+
+
+def test_invocations_answers_a_chat_or_a_completion_as_its_own_route_does(url):
+    """vLLM's POST /invocations (SageMaker's): `messages` makes it a chat, `prompt` a completion."""
+    for route, body in (("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": PROMPT})):
+        body = body | {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        direct, via = post(url, route, body).json(), post(url, "/invocations", body).json()
+        assert via.keys() == direct.keys() and via["choices"] == direct["choices"] and via["object"] == direct["object"]
+    streamed = events(post(url, "/invocations", {"prompt": PROMPT, "max_tokens": 2, "stream": True}))
+    assert streamed and all(c["object"] == "text_completion" for c in streamed)
+    neither = post(url, "/invocations", {"input": "hello"})
+    assert neither.status_code == 400 and "messages" in neither.json()["error"]["message"]
+    assert httpx.post(f"{url}/invocations", content="x", timeout=30).status_code == 415
+
+
+@pytest.mark.parametrize("route, field, value", [
+    ("/v1/chat/completions", "stop_token_ids", lambda vocab: [vocab + 1]),
+    ("/v1/completions", "stop_token_ids", lambda vocab: [3, vocab]),
+    ("/v1/chat/completions", "logit_bias", lambda vocab: {str(vocab + 1): 1.0}),
+])
+def test_out_of_vocabulary_stop_ids_and_bias_keys_name_the_id_and_the_vocabulary_size(tiny_llm, url, route,
+                                                                                     field, value):
+    vocab = tiny_llm.engine.model.config.vocab_size
+    body = {"messages": CHAT} if "chat" in route else {"prompt": PROMPT}
+    r = post(url, route, body | {"max_tokens": 2, field: value(vocab)})
+    error = r.json()["error"]
+    bad = value(vocab)[-1] if isinstance(value(vocab), list) else vocab + 1
+    assert r.status_code == 400 and error["param"] == field, error
+    assert f"{bad} is out of vocabulary" in error["message"] and f"vocabulary size is {vocab}" in error["message"]
+    edge = [vocab - 1] if field == "stop_token_ids" else {str(vocab - 1): 1.0}  # the last id is fine
+    assert post(url, route, body | {"max_tokens": 2, field: edge}).status_code == 200
+
+
 def test_return_token_ids_on_completions_and_chat_plain_and_streamed(tiny_llm, url):
     out = greedy(tiny_llm, PROMPT, 8, ignore_eos=True)
     ids = tiny_llm.tokenizer.encode(PROMPT)
@@ -222,6 +272,23 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(tiny_llm, url):
     r = post(url, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": 10**6})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
     assert "is greater than max_model_len" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_truncation_side_right_keeps_the_first_tokens_left_the_last(tiny_llm, url, side):
+    ids = tiny_llm.tokenizer.encode(PROMPT)
+    kept = ids[:3] if side == "right" else ids[-3:]
+    body = {"prompt": ids, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+            "truncate_prompt_tokens": 3, "truncation_side": side}
+    choice = post(url, "/v1/completions", body).json()["choices"][0]
+    assert choice["prompt_token_ids"] == kept
+    assert choice["text"] == greedy(tiny_llm, {"prompt_token_ids": kept}, 4, ignore_eos=True).text
+    chat = post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "return_token_ids": True,
+                                              "truncate_prompt_tokens": 3, "truncation_side": side}).json()
+    whole = tiny_llm.tokenizer.encode_chat(CHAT)
+    assert chat["prompt_token_ids"] == (whole[:3] if side == "right" else whole[-3:])
+    bad = post(url, "/v1/completions", body | {"truncation_side": "middle"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncation_side"
 
 
 # ---- behaviours ------------------------------------------------------------------------------
@@ -306,6 +373,98 @@ def test_continuous_usage_stats_count_in_every_chunk(tiny_llm, url):
     assert {c["usage"]["prompt_tokens"] for c in chunks} == {prompt_tokens}
     plain = events(post(url, "/v1/completions", body | {"stream_options": {"include_usage": True}}))
     assert [("usage" in c) for c in plain] == [False] * (len(plain) - 1) + [True]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_streams_last_token_comes_in_the_chunk_that_finishes_it(url, route):
+    """vLLM's streams end a choice in the chunk of its last token (its text beside finish_reason),
+    so that with continuous_usage_stats each chunk with a choice counts one token more."""
+    chat = "chat" in route
+    body = ({"messages": CHAT} if chat else {"prompt": PROMPT}) | {"max_tokens": 5, "temperature": 0,
+                                                                     "ignore_eos": True}
+    plain = post(url, route, body).json()["choices"][0]
+    whole = plain["message"]["content"] if chat else plain["text"]
+    chunks = events(post(url, route, body | {"stream": True, "stream_options": {
+        "include_usage": True, "continuous_usage_stats": True}}))
+    pieces = [(c["choices"][0]["delta"].get("content") if chat else c["choices"][0]["text"]) for c in chunks
+              if c["choices"]]
+    finished = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finished) == 1 and finished[0]["choices"][0]["finish_reason"] == "length"
+    assert pieces[-1] and "".join(p or "" for p in pieces) == whole
+    counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
+    texts = counts[1:] if chat else counts  # a chat's first chunk is its role, before any token
+    assert texts == list(range(1, 6)), counts
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_of_token_ids_writes_their_special_tokens_out_as_vllm_does(tiny_llm, url, stream):
+    eos = tiny_llm.tokenizer.hf.token_to_id("</s>")
+    ids = [eos] + tiny_llm.tokenizer.encode(PROMPT)
+    body = {"prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "echo": True, "stream": stream}
+    r = post(url, "/v1/completions", body)
+    text = "".join(c["choices"][0]["text"] for c in events(r) if c["choices"]) if stream else \
+        r.json()["choices"][0]["text"]
+    assert text.startswith(tiny_llm.tokenizer.decode(ids, skip_special_tokens=False)) and text.startswith("</s>")
+    if not stream:  # the second token's text starts where the echoed "</s>" ends
+        lp = post(url, "/v1/completions", body | {"logprobs": 0}).json()["choices"][0]
+        assert lp["logprobs"]["tokens"][0] == "</s>" and lp["logprobs"]["text_offset"][:2] == [0, len("</s>")]
+
+
+def test_a_chat_choice_that_ends_without_new_text_still_has_content_in_its_last_delta(tiny_llm, url):
+    first = tiny_llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=1)).outputs[0].token_ids[0]
+    chunks = events(post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 5, "temperature": 0,
+                                                       "stream": True, "stop_token_ids": [first]}))
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == first and last["delta"] == {"content": ""}
+
+
+def test_stream_options_include_usage_defaults_to_false_as_in_current_vllm_and_openai(url):
+    body = {"prompt": PROMPT, "max_tokens": 3, "stream": True}
+    assert not any("usage" in c for c in events(post(url, "/v1/completions", body | {"stream_options": {}})))
+    asked = events(post(url, "/v1/completions", body | {"stream_options": {"include_usage": True}}))
+    assert asked[-1]["choices"] == [] and asked[-1]["usage"]["completion_tokens"] == 3
+
+
+@pytest.mark.parametrize("prompt", [None, "", []])
+def test_an_empty_prompt_is_vllms_400(url, prompt):
+    r = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 2, "prompt_embeds": []})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "prompt", error
+    assert error["message"] == "Either prompt or prompt_embeds must be provided and non-empty."
+    with pytest.raises(openai.BadRequestError, match="prompt_embeds is not supported"):
+        client(url).completions.create(model="tiny", prompt="x", extra_body={"prompt_embeds": "AAAA"})
+
+
+def test_force_include_usage_puts_the_usage_in_every_chunk_of_every_stream(tiny_llm):
+    from minipaged.serve.cli import build_parser
+    assert build_parser().parse_args(["--enable-force-include-usage"]).enable_force_include_usage
+    with serve(tiny_llm, force_include_usage=True) as forced:
+        body = {"messages": CHAT, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True}
+        for options in ({}, {"stream_options": {"include_usage": False}}):
+            chunks = events(post(forced, "/v1/chat/completions", body | options))
+            counts = [c["usage"]["completion_tokens"] for c in chunks]  # KeyError if a chunk has none
+            assert counts == [0, 1, 2, 3, 4, 4] and chunks[-1]["choices"] == [], counts
+        assert "usage" in post(forced, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).json()
+
+
+def test_root_path_answers_under_the_prefix_and_without_it(tiny_llm):
+    from minipaged.serve.cli import build_parser
+    assert build_parser().parse_args(["--root-path", "/llm"]).root_path == "/llm"
+    with serve(tiny_llm, root_path="/llm", api_key="k") as served:
+        for base in (f"{served}/v1", f"{served}/llm/v1"):
+            keyed = openai.OpenAI(base_url=base, api_key="k", max_retries=0, timeout=30)
+            assert keyed.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).choices[0].message
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=base, api_key="wrong", max_retries=0, timeout=30).models.list()
+        assert httpx.get(f"{served}/elsewhere/v1/models").status_code == 404
+
+
+def test_prompt_logprobs_is_null_when_not_asked_as_in_vllms_answers(url):
+    chat = post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2}).json()
+    assert "prompt_logprobs" in chat and chat["prompt_logprobs"] is None
+    completion = post(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).json()
+    assert "prompt_logprobs" in completion["choices"][0] and completion["choices"][0]["prompt_logprobs"] is None
 
 
 def test_a_body_that_is_not_json_is_a_415(url):

@@ -2,11 +2,12 @@
 
 The mixed workload streams Poisson arrivals through the official async `openai` client, measures
 what vLLM's benchmark_serving measures (continuous vs static), then the same requests in-process.
-The room workload: a workshop's participants beside one flooding client, with the server's defaults."""
+The room workload: participants beside one flooding client (fcfs bounded, unbounded, fair)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -15,13 +16,21 @@ import time
 
 import numpy as np
 
-from minipaged.bench.common import load, random_prompts, serving_arguments
+from minipaged.bench.common import load, random_prompts, serving_arguments, show
 from minipaged.bench.workload import make_workload
 from minipaged.llm import number
+from minipaged.viz import BarChart
 
 ROOM_PROMPT, ROOM_TOKENS = 32, 16  # a participant's short request: prompt tokens, answer tokens
 FLOOD_PROMPT = "Write a very long essay about page tables, frames, paging and virtual memory, request {}."
 PHASE_SECONDS = 600                # every phase of the room workload ends within this, whatever happens
+FLOOD_ALONE_SECONDS = 15.0         # the flooder alone on an idle server: its tokens/s, measured this long
+ROOM_SERVERS = [  # (name, server options, runs: (result key, participants?, flooding?))
+    ("defaults", [], [("alone", True, False), ("flooder_alone_defaults", False, True), ("flood", True, True)]),
+    ("no_bound", ["--max-concurrent-per-client", "0"],
+     [("flooder_alone_no_bound", False, True), ("flood_no_bound", True, True)]),
+    ("fair", ["--scheduling-policy", "fair"], [("flooder_alone_fair", False, True), ("flood_fair", True, True)]),
+]
 
 
 def add_arguments(parser) -> None:
@@ -43,11 +52,14 @@ def add_arguments(parser) -> None:
                              "room: --room-clients participants share --requests short requests (a "
                              f"{ROOM_PROMPT}-token prompt, {ROOM_TOKENS} tokens), alone and beside one client "
                              "flooding --flood-streams long chats with no max_tokens, against the server's "
-                             "default options and then without its per-client bound (default %(default)s)")
+                             "default options (fcfs, a per-client bound), without the bound, and with "
+                             "--scheduling-policy fair; and the flooder alone on each (default %(default)s)")
     parser.add_argument("--room-clients", type=number(int, 1), default=8,
                         help="room: participants, each with its own API key (default %(default)s)")
     parser.add_argument("--flood-streams", type=number(int, 1), default=32,
                         help="room: the flooding client's requests in flight at once (default %(default)s)")
+    parser.add_argument("--svg", default=None,
+                        help="room: also write the participants' median beside the flood, per server, to this SVG")
 
 
 def workload(args, vocab: int):
@@ -272,12 +284,21 @@ async def flooder(http, stop: asyncio.Event, counts: dict, i: int) -> None:
                 await asyncio.sleep(1.0)
             else:
                 counts["chunks_received"] += 1
+                counts["tokens_received"] += bool(chunk_text(extra))
 
 
-async def room_run(url: str, plans, flood_streams: int) -> dict:
-    """The participants' plans, beside flood_streams flooding streams (once the flood runs)."""
+def chunk_text(line: str) -> str:
+    """The text a streamed chunk's line ("data: {...}") carries ("" for a role or usage chunk)."""
+    choices = json.loads(line[len("data: "):]).get("choices") or [{}]
+    return choices[0].get("delta", {}).get("content") or choices[0].get("text") or ""
+
+
+async def room_run(url: str, plans, flood_streams: int, hold_seconds: float = 0.0) -> dict:
+    """The participants' plans, beside flood_streams flooding streams (once the flood runs), for
+    at least hold_seconds; the flood's tokens/s while they ran."""
     import httpx
-    counts = {"streams": flood_streams, "requests_sent": 0, "refused_429": 0, "other_errors": 0, "chunks_received": 0}
+    counts = {"streams": flood_streams, "requests_sent": 0, "refused_429": 0, "other_errors": 0, "chunks_received": 0,
+              "tokens_received": 0}
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=len(plans) + flood_streams + 8)
     async with httpx.AsyncClient(base_url=url, timeout=PHASE_SECONDS, limits=limits) as http:
@@ -285,10 +306,12 @@ async def room_run(url: str, plans, flood_streams: int) -> dict:
         deadline = time.monotonic() + 60
         while floods and counts["chunks_received"] < 4 and time.monotonic() < deadline:  # the flood is generating
             await asyncio.sleep(0.1)
-        start = time.perf_counter()
+        start, before = time.perf_counter(), counts["tokens_received"]
         rows = await asyncio.wait_for(asyncio.gather(
             *(participant(http, f"participant-{i}", plan) for i, plan in enumerate(plans))), PHASE_SECONDS)
+        await asyncio.sleep(max(0.0, start + hold_seconds - time.perf_counter()))
         seconds = time.perf_counter() - start
+        counts["tokens_per_s"] = (counts["tokens_received"] - before) / seconds
         stop.set()
         for task in floods:  # a hang-up: the server aborts what the flood left running
             task.cancel()
@@ -299,6 +322,8 @@ async def room_run(url: str, plans, flood_streams: int) -> dict:
 def room_summary(rows: list[dict | None], seconds: float) -> dict:
     done = [r for r in rows if r is not None]
     summary = {"requests": len(rows), "refused": len(rows) - len(done), "seconds": seconds}
+    if not rows:
+        return summary
     for key in ("e2e", "ttft"):
         summary |= {f"short_{key}_p{q}": float(np.percentile([r[key] for r in done], q)) if done else float("nan")
                     for q in (50, 99)}
@@ -306,43 +331,64 @@ def room_summary(rows: list[dict | None], seconds: float) -> dict:
 
 
 def bench_room(args) -> dict:
-    """The room: participants alone, beside a flood (default options), beside it without the bound."""
+    """The room: participants alone, beside a flood (default options), beside it without the bound,
+    beside it with fair queuing; the flooder alone on each server, and its share beside them."""
     llm = load(args, num_blocks=64)[0]
     folder, device, plans = llm.folder, llm.device, room_plan(args, llm.model.config.vocab_size)
     del llm  # the server loads its own copy
     result = {"workload": "room", "device": device, "blas_threads": args.blas_threads,
               "room_clients": args.room_clients, "short_requests": sum(map(len, plans)),
               "short_prompt_tokens": ROOM_PROMPT, "short_max_tokens": ROOM_TOKENS, "flood_streams": args.flood_streams}
-    for options, runs in (([], [("alone", 0), ("flood", args.flood_streams)]),
-                          (["--max-concurrent-per-client", "0"], [("flood_no_bound", args.flood_streams)])):
+    for server, options, runs in ROOM_SERVERS:
         process, url, banner = start_server(args, folder, options)
-        result[f"server_{'defaults' if not options else 'no_bound'}"] = {"options": options, "printed": banner[:2]}
+        result[f"server_{server}"] = {"options": options, "printed": banner[:2]}
         try:
             warm_up(url)
-            for name, streams in runs:
-                print(f"serve room: {name}, {result['short_requests']} short requests from {args.room_clients} "
-                      f"participants ...", file=sys.stderr, flush=True)
-                result[name] = asyncio.run(room_run(url, plans, streams))
+            for name, people, flooding in runs:
+                print(f"serve room: {name}, {result['short_requests'] if people else 0} short requests from "
+                      f"{args.room_clients if people else 0} participants ...", file=sys.stderr, flush=True)
+                result[name] = asyncio.run(room_run(url, plans if people else [], args.flood_streams * flooding,
+                                                    0.0 if people else FLOOD_ALONE_SECONDS))
         finally:
             process.terminate()
             process.wait(timeout=30)
-    for name in ("flood", "flood_no_bound"):
+    idle = result["flooder_alone_no_bound"]["flood"]["tokens_per_s"]  # the flooder alone, nothing refused
+    for (server, _, _), name in zip(ROOM_SERVERS, ("flood", "flood_no_bound", "flood_fair")):
         for key in ("e2e", "ttft"):
             result[f"{name}_vs_alone_{key}_p50"] = result[name][f"short_{key}_p50"] / result["alone"][f"short_{key}_p50"]
+        tokens_per_s = result[name]["flood"]["tokens_per_s"]
+        result[f"{name}_flooder_share"] = tokens_per_s / result[f"flooder_alone_{server}"]["flood"]["tokens_per_s"]
+        result[f"{name}_flooder_share_of_idle"] = tokens_per_s / idle
     result["within_2x"] = result["flood_vs_alone_e2e_p50"] <= 2
-    if not args.json:
-        print(room_table(result))
+    result["fair_meets_aims"] = result["flood_fair_vs_alone_e2e_p50"] <= 1.3 and result["flood_fair_flooder_share_of_idle"] >= 0.8
+    show(args, room_chart(result), room_table(result))
     return result
+
+
+def room_chart(result: dict) -> BarChart:
+    """The participants' median short request beside the flood, as a multiple of alone, per server."""
+    runs = {"flood": "fcfs, bound 4 (defaults)", "flood_no_bound": "fcfs, no bound", "flood_fair": "fair queuing"}
+    labels = [f"{label}: flooder {result[f'{name}_flooder_share_of_idle']:.0%} of its tok/s on an idle server"
+              for name, label in runs.items()]
+    return BarChart("participants' median short request beside a flood, x their median alone", labels,
+                    {"x alone": [result[f"{name}_vs_alone_e2e_p50"] for name in runs]}, unit="x", digits=2)
 
 
 def room_table(result: dict) -> str:
     lines = [f"{result['room_clients']} participants, {result['short_requests']} short requests "
              f"({result['short_prompt_tokens']} + {result['short_max_tokens']} tokens), one client flooding "
              f"{result['flood_streams']} streams, on {result['device']}",
-             f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}{'vs alone':>10}{'flood 429s':>12}"]
-    for name in ("alone", "flood", "flood_no_bound"):
-        r = result[name]
+             f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}{'vs alone':>10}{'flood 429s':>12}"
+             f"{'flood tok/s':>13}{'share':>7}{'of idle':>9}"]
+    for name in ("alone", "flood", "flood_no_bound", "flood_fair"):
+        r, flood = result[name], result[name].get("flood", {})
         ratio = f"{result[f'{name}_vs_alone_e2e_p50']:9.2f}x" if name != "alone" else f"{'':>10}"
+        share = (f"{flood['tokens_per_s']:13.1f}{result[f'{name}_flooder_share']:7.0%}"
+                 f"{result[f'{name}_flooder_share_of_idle']:9.0%}") if flood else ""
         lines.append(f"  {name:<16}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s{r['short_ttft_p50']:9.2f}s"
-                     f"{r['short_ttft_p99']:7.2f}s{ratio}{r.get('flood', {}).get('refused_429', ''):>12}")
+                     f"{r['short_ttft_p99']:7.2f}s{ratio}{flood.get('refused_429', ''):>12}{share}")
+    alone = ", ".join(f"{server} {result[f'flooder_alone_{server}']['flood']['tokens_per_s']:.1f}"
+                      for server, _, _ in ROOM_SERVERS)
+    lines.append(f"  the flooder alone on an idle server (tok/s): {alone}; share: of its tok/s alone on the same "
+                 "server; of idle: of its tok/s alone with no bound")
     return "\n".join(lines)

@@ -6,12 +6,14 @@ dummy, so a case is a few prompts and a pool of frames, small enough to redo on 
 from __future__ import annotations
 
 import random
+import traceback
 
 from minipaged.lab.grading import Failed, Property
 from minipaged.paging import BlockManager, NoFreeFramesError
 from minipaged.sampling import SamplingParams
 from minipaged.scheduler import SchedulerConfig
 from minipaged.sequence import Request, Sequence
+from minipaged.viz.pages import plural
 
 
 class Case:
@@ -40,8 +42,13 @@ class Case:
         try:
             return self.scheduler.schedule()
         except NoFreeFramesError as error:
-            raise Failed(self.given, f"a step took frames that were not free (the block manager said: {error}): "
-                         "check the frames fit before admitting or appending") from None
+            steps = [f.name for f in traceback.extract_tb(error.__traceback__)
+                     if f.name in ("_reserve_decode_slots", "_admit")]
+            who, fix = ((f"{steps[-1]}(batch)", "check again that they fit after each preemption"
+                         if steps[-1] == "_reserve_decode_slots" else "check that they fit before admitting")
+                        if steps else ("a step", "check the frames fit before admitting or appending"))
+            raise Failed(self.given, f"{who} took frames that were not free (the block manager said: {error}): "
+                         f"{fix}") from None
 
     def step(self):
         """One schedule() and its update() with a dummy token per sampler; the batch."""
@@ -57,7 +64,8 @@ def _names(batch, kind: str) -> list[str]:
 def _expect_admitted(case: Case, expected: list[str], why: str) -> None:
     got = _names(case.step(), "prefill")
     if got != expected:
-        raise Failed(case.given, f"the first step should admit {', '.join(expected)} ({why}); it admitted "
+        raise Failed(case.given, f"the first step's _admit(batch) should admit {', '.join(expected)} ({why}); "
+                     f"it admitted "
                      f"{', '.join(got) or 'nobody'}")
 
 
@@ -90,32 +98,78 @@ def at_most_max_num_batched_tokens(m) -> None:
                      "12 prompt tokens, and 6 more would make 18")
 
 
+def _rows(batch) -> list[tuple]:
+    return [(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens) for s in batch.scheduled]
+
+
+def _say_rows(rows: list[tuple]) -> str:
+    """'r0 decode 1 token, r1.0 decode 1 token': a sample's index where the request has several."""
+    several = {r for r, index, _, _ in rows if index > 0}
+    return ", ".join(f"{r}{f'.{index}' if r in several or index else ''} {kind} {plural(n, 'token')}"
+                     for r, index, kind, n in rows) or "nothing"
+
+
+def _ids(requests) -> str:
+    return ", ".join(r.request_id for r in requests) or "nobody"
+
+
 def every_running_request_decodes(m) -> None:
     case = Case(m, 16, [4, 5, 6], n=[1, 2, 1])
     case.step()
-    batch = case.schedule()
-    rows = [(s.request.request_id, s.seq.index, s.kind, s.num_new_tokens) for s in batch.scheduled]
     expected = [("r0", 0, "decode", 1), ("r1", 0, "decode", 1), ("r1", 1, "decode", 1), ("r2", 0, "decode", 1)]
-    if sorted(rows) != expected:
-        raise Failed(case.given + ", two steps", f"the second step should decode one token of each sequence, "
-                     f"{expected}; it scheduled {rows}")
-    for s in batch.scheduled:
-        if case.blocks.num_tokens(s.seq.seq_id) != len(s.seq.token_ids):
-            raise Failed(case.given + ", two steps", f"{s.request.request_id} sample {s.seq.index} has no slot for "
-                         "its next token (call self._schedule_decode(request, batch))")
+    for step in (2, 3):
+        given = case.given + f", {['', '', 'two', 'three'][step]} steps"
+        batch = case.schedule()
+        rows = _rows(batch)
+        if sorted(rows) != expected:
+            raise Failed(given, f"step {step}'s _reserve_decode_slots(batch) should decode one token of each sequence, "
+                         f"{_say_rows(expected)}; it scheduled {_say_rows(rows)}")
+        for s in batch.scheduled:
+            if case.blocks.num_tokens(s.seq.seq_id) != len(s.seq.token_ids):
+                raise Failed(given, f"{s.request.request_id} sample {s.seq.index} has no slot for its next token "
+                             "(call self._schedule_decode(request, batch))")
+        if case.scheduler.running != case.requests:
+            raise Failed(given, f"after step {step}'s _reserve_decode_slots(batch), self.running should be r0, r1, r2, "
+                         f"each once; it is {_ids(case.scheduler.running)} (self._schedule_decode(request, batch) "
+                         "appends the request to self.running itself)")
+        case.scheduler.update(batch, {seq: 1 for s in batch.scheduled for seq in s.samplers})
+
+
+def _expect_preempted(m, frames: int, prompts: list[int], n: list[int] | None, victims: list[str], why: str) -> None:
+    """All requests admitted in one step (oldest r0), then the second step runs out of frames."""
+    case = Case(m, frames, prompts, n=n)
+    case.given = given = case.given + ", two steps"
+    first = case.step()
+    if _names(first, "prefill") != [r.request_id for r in case.requests]:
+        raise Failed(given, f"the first step should admit all {len(case.requests)} requests (their prompts take "
+                     f"all {frames} frames); it admitted {', '.join(_names(first, 'prefill')) or 'nobody'}")
+    batch = case.schedule()
+    preempted = [request_id for request_id, _ in batch.preempted]
+    running = [r.request_id for r in case.requests if r.request_id not in victims]
+    decoded = _names(batch, "decode")
+    if preempted != victims or decoded != running:
+        raise Failed(given, f"in the second step {why}: _reserve_decode_slots(batch) should preempt "
+                     f"{', '.join(victims)}, in that order (the newest first), and decode {', '.join(running)}; "
+                     f"it preempted {', '.join(preempted) or 'nobody'} and decoded {', '.join(decoded) or 'nobody'}")
+    waiting = [r.request_id for r in case.scheduler.waiting]
+    if waiting != victims[::-1] or [r.request_id for r in case.scheduler.running] != running:
+        raise Failed(given, f"after the second step, waiting should be {', '.join(victims[::-1])} (each preempted "
+                     f"request goes back to its front) and running {', '.join(running)}; waiting is "
+                     f"{', '.join(waiting) or 'empty'}, running {_ids(case.scheduler.running)}")
+    held = [r.request_id for r in case.requests if r.request_id in victims
+            and any(case.blocks.has(s.seq_id) for s in r.seqs)]
+    if held:
+        raise Failed(given, f"preempted {', '.join(held)} still {'holds' if len(held) == 1 else 'hold'} frames "
+                     "(self._preempt(request, batch) frees them)")
 
 
 def preempts_the_newest_when_frames_run_out(m) -> None:
-    case = Case(m, 2, [4, 4])
-    case.step()
-    batch = case.step()
-    r0, r1 = case.requests
-    given = case.given + ": both admitted, then both need a new frame and none is free"
-    if batch.preempted != [("r1", "recompute")] or _names(batch, "decode") != ["r0"]:
-        raise Failed(given, f"the newest (r1) should be preempted so that r0 decodes; preempted "
-                     f"{batch.preempted}, decoded {_names(batch, 'decode')}")
-    if case.scheduler.waiting[0] is not r1 or case.scheduler.running != [r0] or case.blocks.has(r1.seqs[0].seq_id):
-        raise Failed(given, "r1 should be back at the front of waiting without frames, r0 alone in running")
+    # r0 and r1 fill their frames and need a new one each; r2, r3 (2 tokens) have room left
+    _expect_preempted(m, 4, [4, 4, 2, 2], None, ["r3", "r2"],
+                      "r0 and r1 each need a new frame and none is free")
+    # r0's 2 samples need a frame each: only preempting both r3 and r2 makes room
+    _expect_preempted(m, 4, [4, 2, 2, 2], [2, 1, 1, 1], ["r3", "r2"],
+                      "r0's 2 samples each need a new frame and none is free")
 
 
 def whole_workloads_finish(m) -> None:
@@ -160,9 +214,9 @@ LAB4 = [
     Property("a step computes at most max_num_batched_tokens tokens", at_most_max_num_batched_tokens,
              "16 frames of 4 slots, prompts of 6, 6, 6 tokens, max_num_batched_tokens 16"),
     Property("every running sequence gets a slot for its next token each step", every_running_request_decodes,
-             "16 frames of 4 slots, prompts of 4, 5, 6 tokens, n = [1, 2, 1], two steps"),
-    Property("when frames run out, the newest request is preempted and the older ones run",
-             preempts_the_newest_when_frames_run_out, "2 frames of 4 slots, prompts of 4, 4 tokens, two steps"),
+             "16 frames of 4 slots, prompts of 4, 5, 6 tokens, n = [1, 2, 1], three steps"),
+    Property("when frames run out, the newest requests are preempted, newest first, and the older ones run",
+             preempts_the_newest_when_frames_run_out, "4 frames of 4 slots, prompts of 4, 4, 2, 2 tokens, two steps"),
     Property("random workloads run to the end: every sequence gets its tokens, no frame is lost",
              whole_workloads_finish, "random workloads of 2 to 6 requests on 12 frames of 4 slots (seeded)"),
 ]

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Callable
 
 from minipaged import paging
-from minipaged.lab import batcher_props, kernel_props, paging_props
+from minipaged.lab import aging_lab, batcher_props, clock_lab, kernel_props, paging_props
+from minipaged.lab import fair_lab, speculation_lab, working_set_lab  # labs 10, 9 and 8
 from minipaged.lab.grading import Property
 from minipaged.scheduler import Scheduler
 
@@ -57,7 +58,7 @@ LABS = {lab.number: lab for lab in [
     Lab(1, "demand paging: the frame allocator and the page table's append", "lab1_demand_paging.py", 25,
         "notebook 02 (page tables)",
         lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
-        paging_props.LAB1, dict(TIGHT, enable_prefix_caching=False), samples=False,
+        paging_props.LAB1, dict(TIGHT, enable_prefix_caching=False),  # samples: their append copies on write
         meeting="2, paging (page tables, demand paging)"),
     Lab(2, "fork and copy-on-write", "lab2_fork_cow.py", 25, "lab 1; notebook 04 (sharing)",
         lambda: {"BlockAllocator": paging.BlockAllocator, "BlockTable": paging.BlockTable},
@@ -72,13 +73,24 @@ LABS = {lab.number: lab for lab in [
         meeting="5, time sharing (continuous batching)"),
     Lab(5, "the kernel's page-table lookup (CUDA, run on the CPU)", "lab5_kernel.cu", 30,
         "notebook 03 (kernel); a C++ compiler (g++ or clang++)",
-        kernel_props.solution, kernel_props.LAB5, dict(TIGHT, enable_prefix_caching=False),
-        max_tokens=8, note="every decode step reads K and V through your lookup, in the emulated kernel "
+        kernel_props.solution, kernel_props.LAB5, kernel_props.ENGINE,
+        max_tokens=kernel_props.MAX_TOKENS, note="every decode step reads K and V through your lookup, in the emulated kernel "
                            "(prompts go through the NumPy reference: emulated, they would take a minute)",
-        meeting="3, address translation in the hot loop"),
-    # (lab 6)
-    # (lab 7)
-    # (lab 8)
-    # (lab 9)
-    # (lab 10)
+        meeting="3, address translation in the hot loop", run=kernel_props.serve),
+    Lab(6, "CLOCK page replacement for the prefix cache", "lab6_clock.py", 25,
+        "notebook 09 (page replacement); lab 3 helps", clock_lab.solution, clock_lab.PROPERTIES,
+        clock_lab.ENGINE, samples=False, meeting="9, page replacement", run=clock_lab.serve_lab6),
+    Lab(7, "shortest job first with aging: the waiting order", "lab7_aging.py", 25,
+        "notebook 11 (scheduling)", aging_lab.solution, aging_lab.PROPERTIES, aging_lab.ENGINE,
+        samples=False, meeting="11, scheduling short and long jobs", run=aging_lab.serve_lab7),
+    Lab(8, "working-set admission: no thrashing", "lab8_working_set.py", 30, "notebook 10 (thrashing)",
+        working_set_lab.solution, working_set_lab.WORKING_SET, working_set_lab.ENGINE, samples=False,
+        meeting="10, thrashing and the working set", run=working_set_lab.run),
+    Lab(9, "speculative decoding: the n-gram proposer and the page table's rollback", "lab9_speculation.py", 30,
+        "notebook 08 (speculative decoding); labs 1-2 help", speculation_lab.solution, speculation_lab.SPECULATION,
+        speculation_lab.ENGINE, samples=False, meeting="8, speculative execution, and undoing it",
+        run=speculation_lab.run),
+    Lab(10, "fair queuing: the virtual token counter's order", "lab10_fair_queuing.py", 25,
+        "docs/14_fair_queuing.md; lab 7 helps", fair_lab.solution, fair_lab.PROPERTIES, fair_lab.ENGINE,
+        samples=False, meeting="14, fair queuing", run=fair_lab.serve_lab10),  # (lab 10)
 ]}

@@ -13,6 +13,7 @@ import inspect
 from minipaged.paging import REPLACEMENT_POLICIES
 from minipaged.policies.batching import CONTINUOUS, STATIC, Batching
 from minipaged.policies.defaults import FCFS, Greedy, Newest
+from minipaged.policies.fair import Fair, MostServed
 from minipaged.policies.priority import LeastUrgent, Priority
 from minipaged.policies.protocols import Admission, Lookahead, Victim, WaitingOrder
 from minipaged.policies.sjf import SJF, Aging
@@ -22,9 +23,9 @@ from minipaged.policies.working_set import WorkingSet
 # prefix cache's replacement seam is paging's own (paging/replacement.py); the tier's is
 # kv_offload_frames, speculation's is speculative_config (minipaged.speculative).
 SEAMS = {
-    "scheduling_policy": {p.name: p for p in (FCFS, SJF, Aging, Priority)},  # the waiting order
+    "scheduling_policy": {p.name: p for p in (FCFS, SJF, Aging, Priority, Fair)},  # the waiting order
     "admission": {p.name: p for p in (Greedy, WorkingSet)},
-    "preemption_victim": {p.name: p for p in (Newest, LeastUrgent)},
+    "preemption_victim": {p.name: p for p in (Newest, LeastUrgent)},  # (most-served: fair's own)
     "prefix_cache_policy": REPLACEMENT_POLICIES,
     "scheduler": {b.name: b for b in (CONTINUOUS, STATIC)},  # batching: built-in, no plug-in
 }
@@ -80,6 +81,12 @@ def scheduler_policies(config) -> tuple:
     return order, admit, victim
 
 
+def listener(order):
+    """The waiting order's `served(request, num_tokens, kind)`, told the tokens of each row the
+    scheduler ran (an order that counts service, as fair queuing does); else one that ignores them."""
+    return getattr(order, "served", None) or (lambda request, num_tokens, kind: None)
+
+
 def check_options(batching: str = "continuous", allocator: str = "paged", chunked_prefill: bool = False,
                   lookahead: bool = False, prefix_caching: bool = True, offload_frames: int = 0,
                   offload_path=None, max_num_batched_tokens: int = 0, max_model_len: int = 0) -> None:
@@ -118,6 +125,6 @@ def check_request(order, lookahead, priority, beam_width: int) -> None:
                          "beams fork at every token, guesses need one sequence; use n instead")
 
 
-__all__ = ["SEAMS", "WAITING_ORDERS", "ADMISSIONS", "make", "load", "name_of", "scheduler_policies", "check_options",
+__all__ = ["SEAMS", "WAITING_ORDERS", "ADMISSIONS", "make", "load", "name_of", "scheduler_policies", "listener", "check_options",
            "check_request", "Batching", "CONTINUOUS", "STATIC", "FCFS", "SJF", "Aging", "Priority", "Greedy",
-           "WorkingSet", "Newest", "LeastUrgent", "WaitingOrder", "Admission", "Victim", "Lookahead"]
+           "WorkingSet", "Newest", "LeastUrgent", "Fair", "MostServed", "WaitingOrder", "Admission", "Victim", "Lookahead"]

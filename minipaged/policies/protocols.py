@@ -21,6 +21,12 @@ class WaitingOrder(Protocol):
         """One of `waiting` (queue order: requests preempted by recompute at the front, then
         arrivals oldest first); `now` is the scheduler's step count, `request.arrival` its step."""
 
+    # optional (policies.listener): an order that counts service, as fair queuing does, has it
+    def served(self, request: Request, num_tokens: int, kind: str) -> None:
+        """After each step, for each row it ran: `num_tokens` of `request` were computed (a
+        decode row's accepted extra tokens too), `kind` "prefill" or "decode"; `request.client`
+        names who asked (the server's API key, else address; "" from LLM.generate)."""
+
 
 class Admission(Protocol):
     """May a request join now: the frames admission counts beyond each request's frames now."""

@@ -59,8 +59,23 @@ class ServerConfig:
     max_tokens_limit: int | None = None  # more is a 400 (None: the context is the only limit)
     max_concurrent_per_client: int = 0   # sequences one client may have unfinished; more is a 429 (0: no bound).
                                          # Off for a server built in Python (one caller); the command line's is on
+    force_include_usage: bool = False  # vLLM's --enable-force-include-usage: every stream, the usage in every chunk
+    root_path: str = ""             # vLLM's --root-path: behind a proxy's prefix; /v1 and <root_path>/v1 both answer
     max_body_bytes: int = 1 << 20   # a larger body gets 413
     snapshot_interval: float = 0.1  # seconds between dashboard snapshots (about 10 a second)
+
+
+class RootPath:
+    """ASGI middleware: every request's scope names `root_path` (a proxy's prefix, vLLM's
+    --root-path), so that /llm/v1/models is routed as /v1/models; /v1/models still is."""
+
+    def __init__(self, app, root_path: str):
+        self.app, self.root_path = app, root_path
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            scope = dict(scope, root_path=self.root_path)
+        await self.app(scope, receive, send)
 
 
 class Server:
@@ -85,6 +100,8 @@ class Server:
         self.ids = itertools.count()
         self.created = int(time.time())
         self.app = self._routes(FastAPI(title="minipaged", lifespan=self._lifespan))
+        if config.root_path:  # vLLM's --root-path: the router strips the prefix when a path has it
+            self.app.add_middleware(RootPath, root_path=config.root_path.rstrip("/"))
         self.app.openapi = self.openapi
 
     @asynccontextmanager
@@ -106,12 +123,14 @@ class Server:
         app.get("/v1/models")(self.models)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/chat/completions")(self.chat_completions)
+        app.post("/invocations")(self.invocations)  # vLLM's (SageMaker's): either of the two above
         app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
         app.post("/detokenize")(self.detokenize)
         app.get("/tokenizer_info")(self.tokenizer_info)
         app.get("/version")(lambda: {"version": VERSION})
         app.get("/ping")(self.health)  # vLLM's /ping (SageMaker's): /health by another name
         app.post("/ping")(self.health)
+        app.get("/load")(lambda: {"server_load": self.loop.num_unfinished})  # vLLM's: requests not yet done
         app.get("/", include_in_schema=False)(lambda: HTMLResponse(page()))
         app.get("/dashboard/snapshot")(self.snapshot)
         app.get("/dashboard/events", include_in_schema=False)(self.snapshot_events)
@@ -152,6 +171,18 @@ class Server:
                 "description": "the answer; with stream=true, server-sent events of chunks ending in [DONE]",
                 "content": {"application/json": ref(response), "text/event-stream": {"schema": {  # each event
                     "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}}}
+        either = {"anyOf": [ref("ChatCompletionRequest")["schema"], ref("CompletionRequest")["schema"]]}
+        paths["/invocations"]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": either}}}  # vLLM's (SageMaker's): a chat or a completion, answered as its own route does
+        paths["/invocations"]["post"]["responses"] = paths["/v1/completions"]["post"]["responses"] | {"200": {
+            "description": "the chat's or the completion's answer (streamed with stream=true)", "content": {
+                "application/json": {"schema": {"anyOf": [ref("ChatCompletionResponse")["schema"],
+                                                          ref("CompletionResponse")["schema"]]}},
+                "text/event-stream": paths["/v1/completions"]["post"]["responses"]["200"]["content"][
+                    "text/event-stream"]}}}
+        paths["/load"]["get"]["responses"] = {"200": {"description": "vLLM's: requests not yet done", "content": {
+            "application/json": {"schema": {"type": "object", "required": ["server_load"], "properties": {
+                "server_load": {"type": "integer", "minimum": 0}}}}}}}
         paths["/v1/models"]["get"]["responses"] = errors() | {
             "200": {"description": "the model served", "content": {"application/json": ref("ModelList")}}}
         for path, operation in (("/health", "get"), ("/ping", "get"), ("/ping", "post")):
@@ -169,7 +200,7 @@ class Server:
                                                          "content": {"text/plain": {"schema": {"type": "string"}}}}}
         if self.config.api_key:
             schema["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}
-            for path in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+            for path in ("/v1/models", "/v1/completions", "/v1/chat/completions", "/invocations"):
                 for operation in paths[path].values():
                     operation["security"] = [{"key": []}]
         return schema
@@ -218,7 +249,9 @@ class Server:
             "max_model_len": self.max_model_len}]}
 
     async def completions(self, request: Request) -> Response:
-        body = await self._body(request, protocol.CompletionRequest)
+        return await self._completions(request, await self._body(request, protocol.CompletionRequest))
+
+    async def _completions(self, request: Request, body) -> Response:
         prompts, most = body.prompts(), self.max_num_seqs + self.config.max_waiting
         if len(prompts) > most:  # it could never be queued whole: not a 503 (clients retry those)
             raise APIError(400, f"{len(prompts)} prompts in one request, but this server holds at most {most} "
@@ -228,7 +261,20 @@ class Server:
         return await self._generate(request, body, prompts, chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
-        body = await self._body(request, protocol.ChatCompletionRequest)
+        return await self._chat_completions(request, await self._body(request, protocol.ChatCompletionRequest))
+
+    async def invocations(self, request: Request) -> Response:
+        """vLLM's POST /invocations (SageMaker's one route): a chat request (it has `messages`)
+        or a completions request (it has `prompt`), answered as its own route answers it."""
+        raw = await self._read(request)
+        if isinstance(raw, dict) and "messages" in raw:
+            return await self._chat_completions(request, self._check(protocol.ChatCompletionRequest, raw))
+        if isinstance(raw, dict) and "prompt" in raw:
+            return await self._completions(request, self._check(protocol.CompletionRequest, raw))
+        raise APIError(400, "POST /invocations takes a chat request (with `messages`, as /v1/chat/completions) "
+                       "or a completions request (with `prompt`, as /v1/completions)")
+
+    async def _chat_completions(self, request: Request, body) -> Response:
         prompt = self._prompt(self._render(body), "messages", body)
         prompt["prompt"] = body.messages[-1].text()  # for --dashboard-show-text
         return await self._generate(request, body, [prompt], chat=True)
@@ -298,7 +344,7 @@ class Server:
         return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
 
     def _client(self, request: Request) -> str:
-        """Who sent a request, for --max-concurrent-per-client: its address and the key it sent.
+        """Who sent a request, for --max-concurrent-per-client and the fair order: its address and the key it sent.
         A room shares one --api-key, so the address tells laptops apart; programs on one machine
         (the benchmark's clients, users behind one proxy) tell themselves apart by their keys."""
         address = request.client.host if request.client else "unknown"
@@ -357,7 +403,8 @@ class Server:
 
     def _prompt(self, prompt, field: str, body) -> dict:
         """{"prompt_token_ids", "prompt"} for the engine: a text prompt tokenized (with the BOS
-        unless add_special_tokens is false), the last truncate_prompt_tokens kept (vLLM's), then
+        unless add_special_tokens is false), the last truncate_prompt_tokens kept (vLLM's; the
+        first with truncation_side "right"), then
         the context-length check."""
         if isinstance(prompt, str):
             ids, text = self.tokenizer.encode(prompt, body.add_special_tokens), prompt
@@ -368,8 +415,8 @@ class Server:
             raise APIError(400, f"truncate_prompt_tokens value ({keep}) is greater than max_model_len "
                            f"({self.max_model_len}). Please, select a smaller truncation size.",
                            "truncate_prompt_tokens")
-        if keep is not None and keep < len(ids):
-            ids, text = ids[len(ids) - keep:], None
+        if keep is not None and keep < len(ids):  # vLLM's truncation_side: left cuts the start, right the end
+            ids, text = (ids[:keep] if body.truncation_side == "right" else ids[len(ids) - keep:]), None
         if len(ids) >= self.max_model_len:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                            f"However, your {field} has {len(ids)} tokens (and one token must be "
@@ -392,6 +439,12 @@ class Server:
         except ValueError as error:
             field = str(error).split()[0]
             raise APIError(400, str(error), field if field in SAMPLING_FIELDS else None) from None
+        for field, what, ids in (("stop_token_ids", "entry", params.stop_token_ids),
+                                 ("logit_bias", "key", params.logit_bias)):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]  # as vLLM says it: the id and the size
+            if bad:
+                raise APIError(400, f"{field} {what} {bad[0]} is out of vocabulary (this model's vocabulary "
+                               f"size is {self.vocab_size}: ids 0..{self.vocab_size - 1})", field)
         if longest + params.max_tokens > self.max_model_len:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                            f"However, you requested {longest + params.max_tokens} tokens ({longest} in "
@@ -415,16 +468,18 @@ class Server:
         if body.priority and not self.uses_priority:
             raise APIError(400, f"priority={body.priority} needs a server started with --scheduling-policy "
                            f"priority (this one orders its queue by {self.order_name!r})", "priority")
-        done = self.slots.take(self._client(request), len(prompts), params.n)  # or a 400/429
+        client = self._client(request)
+        done = self.slots.take(client, len(prompts), params.n)  # or a 400/429
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{next(self.ids)}-{secrets.token_hex(3)}"
         run = Run(self.loop, request, [f"{response_id}-{i}" for i in range(len(prompts))], prompts, params, done,
-                  body.priority)
+                  body.priority, client)
         await run.start()  # raises APIError if the engine refused a prompt
         kind = "chat.completion" if chat else "text_completion"
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         if body.stream:
             chunks = run.chunks(response_id, f"{kind}.chunk" if chat else kind, self.config.model_name, body,
-                                body.role if chat else None, self._chat_echo(body) if chat else "", self.tokenizer)
+                                body.role if chat else None, self._chat_echo(body) if chat else "", self.tokenizer,
+                                self.config.force_include_usage)
             return StreamingResponse(chunks, media_type="text/event-stream")
         outputs = await run.outputs()
         choice = partial(protocol.chat_choice, role=body.role) if chat else protocol.completion_choice
@@ -436,7 +491,8 @@ class Server:
                    for i, output in enumerate(outputs) for c in output.outputs]
         completion_tokens = sum(len(c.token_ids) for output in outputs for c in output.outputs)
         asked = chat and body.prompt_logprobs is not None  # chat's (vLLM's) are the answer's, not a choice's
-        prompt = {"prompt_logprobs": logprobs.prompt_logprobs(outputs[0].prompt_logprobs)} if asked else {}
+        prompt = {"prompt_logprobs": logprobs.prompt_logprobs(outputs[0].prompt_logprobs)} if asked else \
+            {"prompt_logprobs": None} if chat else {}  # vLLM's chat answer has the field, null when not asked
         if chat and body.return_token_ids:  # vLLM's: the chat's prompt ids beside its choices
             prompt["prompt_token_ids"] = outputs[0].prompt_token_ids
         return JSONResponse(protocol.envelope(response_id, kind, self.config.model_name, choices) | prompt
@@ -495,9 +551,9 @@ class Run:
     Whatever ends it early (a disconnect, a cancelled handler) aborts what is unfinished."""
 
     def __init__(self, loop: EngineLoop, request: Request, request_ids: list[str], prompts: list, params,
-                 done=None, priority: int = 0):
+                 done=None, priority: int = 0, client: str = ""):
         self.loop, self.request, self.params, self.done = loop, request, params, done  # done: per engine request
-        self.priority = priority
+        self.priority, self.client = priority, client  # the client: a fair waiting order shares by it
         self.ids, self.prompts = request_ids, prompts
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.unfinished = set(request_ids)
@@ -510,7 +566,7 @@ class Run:
         (the others are aborted: nothing of a refused request stays in the engine)."""
         self.watcher = asyncio.create_task(self._watch_disconnect())
         for request_id, prompt in zip(self.ids, self.prompts):
-            self.loop.add_request(request_id, prompt, self.params, self.updates, self.done, self.priority)
+            self.loop.add_request(request_id, prompt, self.params, self.updates, self.done, self.priority, self.client)
         waiting = set(self.ids)
         while waiting:
             update = await self.updates.get()
@@ -548,19 +604,19 @@ class Run:
         return [outputs[request_id] for request_id in self.ids]
 
     async def chunks(self, response_id: str, kind: str, model: str, body, role: str | None, echo: str = "",
-                     tokenizer=None):
+                     tokenizer=None, force_usage: bool = False):
         """Server-sent events, in vLLM's shapes: one choice per chunk. A chat first gives each
         choice its role (and, with echo, the echoed text); then each piece of new text; each
         choice's last chunk carries its finish_reason and stop_reason as soon as that choice
-        finishes (n > 1: one may end before the others); the usage when asked
-        (stream_options.include_usage; with continuous_usage_stats, the usage so far in every
-        chunk), then [DONE]. return_token_ids adds each chunk's new token ids, logprobs their
-        logprobs; a completion's echo is its first chunk."""
+        finishes (n > 1: one may end before the others), beside its last text; the usage when
+        asked (stream_options.include_usage; with continuous_usage_stats, the usage so far in
+        every chunk; force_usage: both, whatever was asked), then [DONE]. return_token_ids adds
+        each chunk's new token ids, logprobs their logprobs; a completion's echo is its first chunk."""
         created, n, chat, with_ids = int(time.time()), self.params.n, role is not None, bool(body.return_token_ids)
         top, as_ids = body.num_logprobs, bool(body.return_tokens_as_token_ids)  # top: None without logprobs
         offsets = Counter()  # per completions choice: where its next token's text starts (text_offset)
-        usage = body.include_usage
-        continuous = usage and body.stream_options.continuous_usage_stats
+        usage = body.include_usage or force_usage  # force: vLLM's --enable-force-include-usage, whatever was asked
+        continuous = force_usage or (usage and body.stream_options.continuous_usage_stats)
         prompt_of = {request_id: i for i, request_id in enumerate(self.ids)}
         prompt_lens = [len(p["prompt_token_ids"]) for p in self.prompts]
         tokens, done, started = Counter(), set(), set()  # per choice: its tokens so far; finished; given ids
@@ -585,9 +641,14 @@ class Run:
             chunk = protocol.envelope(response_id, kind, model, [] if index is None else [choice], created) | extra
             return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
 
-        def text(index: int, piece: str, ids, steps=None) -> str:
-            choice = protocol.chat_delta(index, {"content": piece}, None) if chat else \
-                protocol.completion_choice(index, piece, None)
+        def text(index: int, piece: str, ids, steps=None, completion=None) -> str:
+            """New text of choice `index`; with `completion`, also its end (vLLM's last chunk
+            carries the last token's text beside the finish_reason)."""
+            reason, stop = (completion.finish_reason, completion.stop_reason) if completion else (None, None)
+            if completion is not None:
+                done.add(index)
+            choice = protocol.chat_delta(index, {"content": piece}, reason, stop) if chat else \
+                protocol.completion_choice(index, piece, reason, stop)
             if top is not None and steps is not None:  # the logprobs of this chunk's tokens
                 if chat:
                     choice["logprobs"] = logprobs.chat_logprobs(ids, steps, top, tokenizer, as_ids)
@@ -600,7 +661,7 @@ class Run:
         def finish(index: int, completion) -> str:
             done.add(index)
             reason, stop = completion.finish_reason, completion.stop_reason
-            return event(index, protocol.chat_delta(index, {}, reason, stop) if chat else
+            return event(index, protocol.chat_delta(index, {"content": ""}, reason, stop) if chat else
                          protocol.completion_choice(index, "", reason, stop))
 
         if chat:  # vLLM's first chunks: each choice's role, then what echo repeats
@@ -612,21 +673,23 @@ class Run:
             for index in range(len(self.ids) * n):
                 prompt = self.prompts[index // n]
                 yield text(index, prompt["prompt"] if prompt["prompt"] is not None else
-                           tokenizer.decode(prompt["prompt_token_ids"]), ())
+                           tokenizer.decode(prompt["prompt_token_ids"], skip_special_tokens=False), ())
         async for update in self.updates_until_done():
             if update.error is not None:
                 yield f"data: {json.dumps(APIError(503, update.error).body())}\n\n"
                 break
             base = prompt_of[update.request_id] * n
             tokens.update({base + i: len(ids) for i, ids in update.token_ids.items()})
-            for i in sorted(update.text.keys() | (update.token_ids.keys() if with_ids or top is not None else set())):
-                yield text(base + i, update.text.get(i, ""), update.token_ids.get(i, ()), update.logprobs.get(i))
-            for i, completion in sorted(update.finished.items()):
-                yield finish(base + i, completion)
+            ending = dict(update.finished)  # choices that end in this update, by index
             for completion in update.output.outputs if update.output is not None else ():
                 completion_tokens += len(completion.token_ids)
                 if base + completion.index not in done:
-                    yield finish(base + completion.index, completion)
+                    ending.setdefault(completion.index, completion)
+            for i in sorted(update.text.keys() | (update.token_ids.keys() if with_ids or top is not None else set())):
+                yield text(base + i, update.text.get(i, ""), update.token_ids.get(i, ()), update.logprobs.get(i),
+                           ending.pop(i, None))
+            for i, completion in sorted(ending.items()):  # ended with no new text (an end-of-sequence token)
+                yield finish(base + i, completion)
         if usage:
             yield event(None, {})
         yield "data: [DONE]\n\n"

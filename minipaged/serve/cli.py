@@ -50,8 +50,19 @@ def seam(option: str) -> dict:
     return {"type": policy(option), "metavar": policy(option).metavar}
 
 
+class ServeParser(CommandParser):
+    """The server's parser: --max-concurrent-per-client's default follows --scheduling-policy (4
+    sequences per client; none under fair, which keeps each client's share by order, not by 429s)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        if getattr(parsed, "max_concurrent_per_client", 0) is None:
+            parsed.max_concurrent_per_client = 0 if parsed.scheduling_policy == "fair" else 4
+        return parsed, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m minipaged.serve", epilog=EPILOG,
+    parser = ServeParser(prog="python -m minipaged.serve", epilog=EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            description="An OpenAI-compatible server with a live page-table dashboard.")
     add = parser.add_argument
@@ -82,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="which cached prefix block leaves first when the pool needs a frame (default %(default)s)")
     add("--scheduling-policy", default="fcfs", **seam("scheduling_policy"),
         help="the waiting queue's order: first come first served, shortest job first, SJF with aging, "
-             "or each request's `priority` field, lower first (vLLM's --scheduling-policy priority) "
+             "each request's `priority` field, lower first (vLLM's --scheduling-policy priority), or fair: "
+             "the least served client first (counted in tokens; a client is its address and key) "
              "(default %(default)s)")
     add("--admission", default="greedy", **seam("admission"),
         help="working-set: admit a request only while the running ones' growth fits too, "
@@ -103,14 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
              "--max-concurrent-per-client share then holds at most about a third of SmolLM2's default CPU "
              "pool (728 frames of 16 tokens); --max-model-len's value leaves the context as the only limit "
              "(default %(default)s)")
-    add("--max-concurrent-per-client", type=number(int, 0), default=4,
+    add("--max-concurrent-per-client", type=number(int, 0), default=None,
         help="sequences (each prompt's n samples) one client may have unfinished at once; more is a 429 "
              "with Retry-After, so that one laptop cannot fill the room's batch. A client is its address and "
              "the API key it sends. 4: a room of 20 sharing the default batch of 64 rows gets about 3 each, "
-             "and 4 lets a participant send n=3, or a few streams, at once (0: no bound; default %(default)s)")
+             "and 4 lets a participant send n=3, or a few streams, at once (0: no bound; default 4, and 0 with "
+             "--scheduling-policy fair, whose order keeps the share)")
     add("--speculative-config", type=speculative_config, default=None, metavar="JSON",
         help="speculative decoding, as vLLM's option: e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
              "(methods: ngram, draft_layers); the dashboard's timeline marks each guess kept or rolled back")
+    add("--root-path", default="",
+        help="as vLLM's option: the path prefix of a proxy in front (e.g. /llm): /llm/v1 and /v1 both answer")
+    add("--enable-force-include-usage", action="store_true",
+        help="as vLLM's option: every stream carries the usage so far in every chunk, whatever its "
+             "stream_options ask")
     add("--dashboard-show-text", action="store_true",
         help="show prompts and answers on the dashboard (by default: ids and token counts only); "
              "with --api-key, only to the key")
@@ -217,7 +235,8 @@ def main(argv=None) -> int:
     server = Server(llm.engine, llm.tokenizer, ServerConfig(
         model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
         dashboard_show_text=args.dashboard_show_text, default_max_tokens=args.default_max_tokens,
-        max_tokens_limit=args.max_tokens_limit, max_concurrent_per_client=args.max_concurrent_per_client))
+        max_tokens_limit=args.max_tokens_limit, max_concurrent_per_client=args.max_concurrent_per_client,
+        force_include_usage=args.enable_force_include_usage, root_path=args.root_path))
     port = sock.getsockname()[1]
     blocks = llm.engine.blocks
     print(f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "

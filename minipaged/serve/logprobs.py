@@ -71,14 +71,15 @@ def completion_fields(body, output, completion, tokenizer) -> dict:
     as_ids = bool(getattr(body, "return_tokens_as_token_ids", False))
     fields, token_ids, steps = {}, completion.token_ids, completion.logprobs
     if body.echo:
-        prompt = output.prompt if output.prompt is not None else tokenizer.decode(output.prompt_token_ids)
+        prompt = output.prompt if output.prompt is not None else \
+            tokenizer.decode(output.prompt_token_ids, skip_special_tokens=False)  # as vLLM echoes token ids
         fields["text"] = prompt + completion.text
         token_ids = output.prompt_token_ids + token_ids
         steps = None if steps is None else (output.prompt_logprobs or [None] * len(output.prompt_token_ids)) + steps
     if body.logprobs is not None:
         fields["logprobs"] = completion_logprobs(token_ids, steps, body.logprobs, tokenizer, as_ids)
-    if output.prompt_logprobs is not None:
-        fields["prompt_logprobs"] = prompt_logprobs(output.prompt_logprobs)
+    # vLLM's choice always has the field: null unless prompt_logprobs were asked for
+    fields["prompt_logprobs"] = None if output.prompt_logprobs is None else prompt_logprobs(output.prompt_logprobs)
     return fields
 
 

@@ -76,12 +76,14 @@ class EngineLoop:
 
     # ---- called from the HTTP server's event loop -----------------------------------------
     def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue, done=None,
-                    priority: int = 0) -> None:
+                    priority: int = 0, client: str = "") -> None:
         """Queue a request; its Updates arrive in `updates` (one queue may serve several), and
-        `done()` runs once the engine has let go of it (finished, aborted or refused)."""
+        `done()` runs once the engine has let go of it (finished, aborted or refused); `client`
+        names who sent it (Server._client)."""
         self.accepted += 1
         self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, done=done), priority))
+                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, done=done), priority,
+                        client))
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its client left, or a sibling prompt was refused): its frames are
@@ -133,10 +135,10 @@ class EngineLoop:
             else:  # it had finished (or been refused) before the abort came
                 self.aborting.discard(message[1])
 
-    def _add(self, request_id: str, prompt, params, stream: Stream, priority: int) -> None:
+    def _add(self, request_id: str, prompt, params, stream: Stream, priority: int, client: str = "") -> None:
         self.streams[request_id] = stream
         try:
-            self.engine.add_request(request_id, prompt, params, priority)
+            self.engine.add_request(request_id, prompt, params, priority, client)
         except ValueError as error:  # nothing was queued: tell the handler why
             self._send(request_id, Update(request_id, error=str(error)))
             return
@@ -157,7 +159,8 @@ class EngineLoop:
         self._tell_watchers(report)
 
     def _finish(self, output: RequestOutput) -> None:
-        self._send_new(output.request_id, {c.index: (c.text, c.token_ids, c.logprobs) for c in output.outputs}, {})
+        self._send_new(output.request_id, {c.index: (c.text, c.token_ids, c.logprobs) for c in output.outputs},
+                       {c.index: c for c in output.outputs})  # the last text with its end, as vLLM streams it
         stream = self.streams[output.request_id]
         for watcher in self.watchers:
             watcher.finished(output, stream)

@@ -66,7 +66,7 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
 
 
 class StreamOptions(Strict):
-    include_usage: bool = True             # vLLM's default: stream_options={} asks for the usage
+    include_usage: bool = False            # current vLLM's default, and OpenAI's: stream_options={} asks for none
     continuous_usage_stats: bool = False   # vLLM's extension: the usage so far in every chunk
 
 
@@ -95,6 +95,9 @@ class SamplingFields(Strict):
     user: str | None = None
     truncate_prompt_tokens: Int(ge=-1) | None = Field(None, description="vLLM's extension: keep the prompt's "
                                                       "last k tokens (-1: max_model_len)")
+    truncation_side: Literal["left", "right"] | None = Field(None, description="vLLM's extension: where "
+                                                             "truncate_prompt_tokens cuts: left (the default) "
+                                                             "keeps the last k tokens, right the first k")
     return_token_ids: bool | None = Field(None, description="vLLM's extension: the prompt's and each "
                                           "choice's token ids beside the text")
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's extension: logprobs name each "
@@ -271,6 +274,8 @@ def parse(model: type[Strict], body) -> Strict:
     check_values(body)
     if issubclass(model, SamplingFields):
         refuse_what_is_not_yet_here(body)
+    if issubclass(model, CompletionRequest) and "prompt" in body and body["prompt"] in (None, "", []):
+        raise APIError(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")  # vLLM's
     try:
         request = model.model_validate(body)
     except ValidationError as error:
@@ -323,11 +328,10 @@ NOT_YET = {  # vLLM's fields that minipaged lacks: (their neutral values, why); 
     "include_stop_str_in_output": ((None, False), "a stop string is always cut from the text"),
     "skip_special_tokens": ((None, True), "special tokens are always left out of the text"),
     "logits_processors": ((None, []), "the server loads no logits processors"),
-    "prompt_embeds": ((None,), "a prompt is text or token ids"),
+    "prompt_embeds": ((None, []), "a prompt is text or token ids"),
     "cache_salt": ((None,), "the prefix cache is shared by every request (--no-enable-prefix-caching shares "
                    "nothing)"),
     "chat_template": ((None,), "the model's own chat template renders every chat"),
-    "truncation_side": ((None, "left"), "truncate_prompt_tokens keeps the prompt's last tokens"),
 }
 
 
