@@ -1,0 +1,1 @@
+from vllm._tok import get_tokenizer  # noqa: F401
