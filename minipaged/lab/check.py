@@ -16,7 +16,7 @@ from pathlib import Path
 
 from minipaged.lab import kernel_props
 from minipaged.lab.engine_run import load_model, serve
-from minipaged.lab.grading import NotLoadable, judged, load, say, signature_mismatches, wrong_kinds
+from minipaged.lab.grading import NotLoadable, in_one_line, judged, load, say, signature_mismatches, wrong_kinds
 from minipaged.lab.labs import LABS, Lab
 
 LOAD_S = {".py": 20, ".cu": 180}  # importing a file; compiling a kernel with the emulation's C++ compiler
@@ -122,7 +122,12 @@ def grade(sender, number: int, seconds: int, path: Path | None, model: str | Non
             sender.send(("doing", what, seconds))
             faulthandler.dump_traceback_later(seconds + 1, exit=True, file=log)
 
-        code = run_check(lab, path, model, pictures, engine, doing)
+        try:
+            code = run_check(lab, path, model, pictures, engine, doing)
+        except Exception as error:  # not the participant's code (that is judged inside): the check's own
+            say(f"  the check itself failed: {in_one_line(error)}; this is minipaged's fault, not yours: "
+                "please tell the lecturer")
+            code = 1
         faulthandler.cancel_dump_traceback_later()
         sender.send(("done", code))
 
