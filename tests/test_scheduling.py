@@ -216,7 +216,7 @@ def test_bad_options_are_refused_by_name(options, words):
 
 
 def test_every_order_and_admission_is_listed():
-    assert set(WAITING_ORDERS) == {"fcfs", "sjf", "aging", "priority"}
+    assert set(WAITING_ORDERS) == {"fcfs", "sjf", "aging", "priority", "fair"}
     assert set(ADMISSIONS) == {"greedy", "working-set"}
 
 
