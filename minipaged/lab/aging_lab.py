@@ -156,18 +156,18 @@ PROPERTIES = [
 
 # ---- the run: the model served with their waiting order -----------------------------------------
 
-RUN_RATE = 2.0
+RUN_RATE = 4.0
 ENGINE = dict(block_size=4, num_blocks=64, max_num_seqs=1, enable_prefix_caching=False)  # one at a time
 MAX_STEPS = 400
 
 
 def arrivals() -> list[tuple[int, str, str, SamplingParams]]:
-    """(step, id, prompt, params): a long request r0 at step 0, then a short one every 3 steps,
+    """(step, id, prompt, params): a long request r0 at step 0, then a short one every 2 steps,
     as fast as one runs: under SJF, r0 waits for the whole stream."""
     def params(n):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    out = [(0, "r0", f"{SYSTEM} {QUESTIONS[0]} {SYSTEM}", params(16))]
-    return out + [(3 * (i - 1), f"r{i}", QUESTIONS[i % len(QUESTIONS)], params(3)) for i in range(1, 13)]
+    out = [(0, "r0", f"{SYSTEM} {QUESTIONS[0]} {SYSTEM}", params(10))]
+    return out + [(2 * (i - 1), f"r{i}", QUESTIONS[i % len(QUESTIONS)], params(2)) for i in range(1, 11)]
 
 
 def serve_with(llm, policy) -> tuple[list[str], dict[str, int], dict[str, list[int]]]:
