@@ -20,7 +20,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
-              speculative replacement thrashing scheduling drum
+              speculative replacement thrashing scheduling drum kv-dtype
 
 .PHONY: setup chat serve browser clang test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 

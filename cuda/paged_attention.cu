@@ -17,6 +17,8 @@ obvious kernel and each later version adds one idea, saying what it buys and wha
     v4  + online softmax: one pass, no logits buffer that grows with the context
     v5  + one block per GQA group: each K/V element is read once for all its query heads
     v6  + split-KV: long contexts cut into partitions, merged by log-sum-exp
+    v7  v5 over an 8-bit cache: int8 codes and an fp16 scale per (slot, KV head), decoded in
+        registers (kv_cache_dtype="int8"): about half the bytes of fp16, a quarter of fp32
 Prefill (many queries per sequence, causal): paged_prefill, at the end of the file.
 
 Every kernel runs NUM_THREADS = 128 threads per block and accumulates in fp32; HEAD_DIM is 64 or
@@ -41,6 +43,7 @@ constexpr float NEG_BIG = -1e30f;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(signed char x) { return (float)x; }   // an int8 code
 __device__ __forceinline__ void store(float* dst, float x) { *dst = x; }
 __device__ __forceinline__ void store(__half* dst, float x) { *dst = __float2half(x); }
 
@@ -535,6 +538,79 @@ __global__ void paged_attention_v6_reduce(
         for (int p = 0; p < used; p++)
             total += expf(lse[p * num_heads] - lse_max) * part[p * num_heads * HEAD_DIM + d];
         store(out + ((long long)seq * num_heads + head) * HEAD_DIM + d, total / weight_sum);
+    }
+}
+
+// ================================================================================================
+// v7: an 8-bit KV cache (+ v5).
+// k_cache and v_cache hold int8 codes; k_scales, v_scales [num_blocks, block_size, num_kv_heads]
+// one __half per (slot, KV head): value = code * scale (minipaged/attention/reference.py codes
+// them in write_kv), found through the same block table entry as the codes. Decoding happens here,
+// in registers, after the load: the bytes that cross the memory bus are the 8-bit codes, so a
+// memory-bound decode reads half of fp16's bytes. (Decoding into a float buffer before the kernel,
+// as SGLang warns, would pay that buffer's writes and reads and lose the gain.) K's scale is taken
+// out of the dot product, q . (code * s) = s * (q . code): one multiply per token, not per element.
+// Lanes take 8 codes each (an 8-byte load), so a lane's registers hold as many values as in the
+// fp16 kernel and 8 query heads per group still fit without spilling.
+// Cost: two 2-byte scale loads per token (3% more bytes at HEAD_DIM 64), and the rounding error of
+// 8 bits: at most half a step, 1/254 of the row's largest |value|.
+constexpr int CODES_PER_LOAD = 8;
+
+struct alignas(8) Codes8 {
+    signed char x[CODES_PER_LOAD];
+};
+
+__device__ __forceinline__ void load_codes(const signed char* src, float scale, float* dst) {
+    const Codes8 codes = *reinterpret_cast<const Codes8*>(src);
+    for (int i = 0; i < CODES_PER_LOAD; i++) dst[i] = to_float(codes.x[i]) * scale;
+}
+
+template <typename T, int HEAD_DIM, int Q_PER_KV>
+__global__ void paged_attention_v7(
+    T* __restrict__ out, const T* __restrict__ q, const signed char* __restrict__ k_cache,
+    const signed char* __restrict__ v_cache, const __half* __restrict__ k_scales,
+    const __half* __restrict__ v_scales, const int* __restrict__ block_tables,
+    const int* __restrict__ context_lens, int max_blocks, int block_size, int num_kv_heads,
+    float scale) {
+    constexpr int VEC = CODES_PER_LOAD;
+    constexpr int LANES = HEAD_DIM / VEC;            // 8 lanes a token for HEAD_DIM 64, 16 for 128
+    constexpr int GROUPS = NUM_THREADS / LANES;
+    constexpr int GROUPS_PER_WARP = WARP_SIZE / LANES;
+    const int kv_head = blockIdx.x, seq = blockIdx.y, end = context_lens[seq];
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int group = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+    const long long first_row = ((long long)seq * num_kv_heads + kv_head) * Q_PER_KV;  // 1st head
+    const int* block_table = block_tables + seq * max_blocks;
+    const PagedRows<signed char, HEAD_DIM> keys{k_cache, block_table, block_size, num_kv_heads, kv_head};
+    const PagedRows<signed char, HEAD_DIM> values{v_cache, block_table, block_size, num_kv_heads, kv_head};
+
+    float q_vec[Q_PER_KV][VEC], m[Q_PER_KV], l[Q_PER_KV], acc[Q_PER_KV][VEC] = {};
+#pragma unroll
+    for (int g = 0; g < Q_PER_KV; g++) {
+        for (int i = 0; i < VEC; i++)
+            q_vec[g][i] = to_float(q[(first_row + g) * HEAD_DIM + lane * VEC + i]) * scale;
+        m[g] = NEG_BIG;
+        l[g] = 0.0f;
+    }
+    for (int first = warp * GROUPS_PER_WARP; first < end; first += GROUPS) {     // per warp
+        const int t = first + group % GROUPS_PER_WARP;
+        float k_vec[VEC], v_vec[VEC], k_scale = 0.0f;
+        if (t < end) {
+            const long long slot = (long long)block_table[t / block_size] * block_size + t % block_size;
+            k_scale = to_float(k_scales[slot * num_kv_heads + kv_head]);
+            load_codes(keys[t] + lane * VEC, 1.0f, k_vec);         // K's scale comes after the dot
+            load_codes(values[t] + lane * VEC, to_float(v_scales[slot * num_kv_heads + kv_head]), v_vec);
+        }
+#pragma unroll
+        for (int g = 0; g < Q_PER_KV; g++) {
+            const float dot_codes = butterfly<1, LANES>(t < end ? dot(q_vec[g], k_vec) : 0.0f, Sum());
+            if (t < end) online_update(m[g], l[g], acc[g], k_scale * dot_codes, v_vec);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < Q_PER_KV; g++) {
+        merge_groups_in_warp<LANES>(m[g], l[g], acc[g]);
+        merge_warps_and_store<HEAD_DIM, LANES>(m[g], l[g], acc[g], out + (first_row + g) * HEAD_DIM);
     }
 }
 

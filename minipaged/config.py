@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from minipaged import policies
-from minipaged.paging import ALLOCATORS, check_size, make_block_manager
+from minipaged.paging import ALLOCATORS, check_size, kv_storage_dtype, make_block_manager
 from minipaged.scheduler import SchedulerConfig
 from minipaged.speculative import SpeculativeConfig, make_lookahead
 
@@ -20,6 +20,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int = 0                 # 0: as many as kv_cache_memory holds
     kv_cache_memory: int = 0            # bytes; 0: 512 MiB on a CPU, half the free GPU memory
+    kv_cache_dtype: str = "auto"        # vLLM's: "auto" (the model's), "int8" or "fp8": 8-bit, 2-4x the frames
     swap_space: int = 0                 # host frames for preemption by swap; 0: up to 4 GiB worth
     max_model_len: int = 0              # 0: the model's, capped by what the KV cache holds
     max_num_seqs: int = 64
@@ -50,6 +51,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         policies.make("prefix_cache_policy", self.prefix_cache_policy)  # a ValueError naming the policies
+        kv_storage_dtype(self.kv_cache_dtype, "float32")                 # a ValueError naming the dtypes
         if self.kv_offload_path is not None and not isinstance(self.kv_offload_path, (str, os.PathLike)):
             raise ValueError(f"kv_offload_path must be a file path or None, got {self.kv_offload_path!r}")
         if self.allocator not in ALLOCATORS:

@@ -15,7 +15,7 @@ from minipaged import beam, policies
 from minipaged.config import EngineConfig
 from minipaged.model import IncrementalDetokenizer, Model, Tokenizer
 from minipaged.outputs import ExtraRow, RequestOutput, StepReport
-from minipaged.paging import SWAP_SPACE, KVCache, default_kv_memory, num_blocks_for_memory
+from minipaged.paging import SWAP_SPACE, KVCache, default_kv_memory, kv_storage_dtype, num_blocks_for_memory
 from minipaged.runner import ModelRunner
 from minipaged.sampling import SamplingParams, int_list, make_generator, sample
 from minipaged.scheduler import Batch, Request, Scheduler, Sequence, Status
@@ -29,7 +29,8 @@ class LLMEngine:
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         c = model.config
-        sizes = (c.num_layers, c.num_kv_heads, c.head_dim, config.block_size, model.dtype)  # of one frame
+        sizes = (c.num_layers, c.num_kv_heads, c.head_dim, config.block_size,  # of one frame
+                 kv_storage_dtype(config.kv_cache_dtype, model.dtype))
         memory = default_kv_memory(model.device, config.kv_cache_memory)
         num_blocks = config.num_blocks or num_blocks_for_memory(memory, *sizes)
         host_frames = config.swap_space or min(num_blocks, num_blocks_for_memory(SWAP_SPACE, *sizes))
@@ -37,7 +38,7 @@ class LLMEngine:
         self.blocks = config.block_manager(num_blocks, min(max_model_len, num_blocks * config.block_size), host_frames)
         self.max_model_len = min(max_model_len, self.blocks.num_frames * self.blocks.block_size)
         self.kv = KVCache(c.num_layers, self.blocks.num_frames, c.num_kv_heads, c.head_dim,  # the chosen
-                          self.blocks.block_size, self.blocks.num_host_frames, model.dtype, model.device,  # frames
+                          self.blocks.block_size, self.blocks.num_host_frames, sizes[-1], model.device,  # frames
                           self.blocks.num_tier_frames, config.kv_offload_path)
         self.runner = ModelRunner(model, self.kv, self.blocks)
         self.lookahead = config.lookahead(self.runner, self.blocks)  # extra tokens per row, or None

@@ -27,7 +27,7 @@ class LLM:
     """A model ready to generate: `LLM()` loads SmolLM2-135M-Instruct on the best device.
 
     Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
-    kv_cache_memory or num_blocks, max_model_len, max_num_seqs, enable_prefix_caching,
+    kv_cache_memory or num_blocks, kv_cache_dtype ("auto", or 8-bit "int8" / "fp8"), max_model_len, max_num_seqs, enable_prefix_caching,
     preemption_mode ("recompute" or "swap"), scheduler ("continuous" or "static"), allocator
     ("paged" or "contiguous-max/pow2/oracle"), enable_chunked_prefill, max_num_batched_tokens.
 

@@ -67,12 +67,13 @@ class PagedAttention:
 
     def __call__(self, layer: int, q, k, v):
         k_cache, v_cache = self.kv.k[layer], self.kv.v[layer]  # (num_blocks, block_size, kvh, hd)
-        self.impl.write_kv(k, v, k_cache, v_cache, self.slot_mapping)
+        scales = self.kv.scales_of(layer)  # {} or an 8-bit cache's k_scales, v_scales
+        self.impl.write_kv(k, v, k_cache, v_cache, self.slot_mapping, **scales)
         if self.decode_only:
-            return self.impl.decode(q, k_cache, v_cache, self.block_tables, self.context_lens, self.scale)
+            return self.impl.decode(q, k_cache, v_cache, self.block_tables, self.context_lens, self.scale, **scales)
         # query_start_loc stays on the host: the kernel sizes its grid from it without a sync
         return self.impl.prefill(q, k_cache, v_cache, self.block_tables, self.context_lens,
-                                 self.query_start_loc, self.scale)
+                                 self.query_start_loc, self.scale, **scales)
 
 
 class ModelRunner:

@@ -7,6 +7,7 @@
 #     gpu-tests.txt    pytest -m gpu
 #     kernel.json      python -m minipaged.bench kernel --json (one row per shape and version)
 #     kernel.txt       the same as a table
+#     kv_dtype_kernel.json  python -m minipaged.bench kv-dtype --kernel (decode v7 over int8 beside v5 over fp16)
 #     throughput.json  python -m minipaged.bench throughput on CuPy (continuous vs static)
 #     serve.json       python -m minipaged.bench serve on CuPy (the server under load, continuous vs static)
 # Run from anywhere:  PYTHONPATH=. bash scripts/gpu_check.sh   (PYTHON=... picks the interpreter)
@@ -34,6 +35,10 @@ timeout 120 "$PYTHON" -m minipaged.bench kernel --json > "$OUT/kernel.json"
 bench=$?
 [ "$bench" -eq 0 ] &&
     "$PYTHON" -m minipaged.bench.kernel "$OUT/kernel.json" | tee "$OUT/kernel.txt"
+
+echo "== decode v7 (int8 KV cache) beside v5 (fp16): GB/s and % of peak, checked against the NumPy 8-bit reference"
+timeout 90 "$PYTHON" -m minipaged.bench kv-dtype --kernel --json > "$OUT/kv_dtype_kernel.json" ||
+    echo "kv-dtype --kernel failed (exit $?)"
 
 echo "== throughput: continuous vs static batching on CuPy (random weights, SmolLM2-135M's shapes)"
 "$PYTHON" scripts/write_random_model.py "${TMPDIR:-/tmp}/smol-random" --dtype float16 > /dev/null &&

@@ -6,7 +6,8 @@ max / pow2 / oracle chunks: one request per sequence, so greedy and sampled requ
 chunked prefill with a budget of a few tokens per step, speculative decoding (n-gram or draft
 layers, k guesses; continuous and paged only, no beams: refused), the prefix cache's replacement
 policy (LRU, FIFO, CLOCK, random), the drum behind it (a host tier of 1 to 32 frames), the waiting
-queue's order (FCFS, SJF, aging, priority, fair), the working-set admission rule, max_model_len, a KV pool from the
+queue's order (FCFS, SJF, aging, priority, fair), the working-set admission rule, the KV storage (kv_cache_dtype
+auto, int8, fp8), max_model_len, a KV pool from the
 smallest that `add_request` accepts upwards, and a few requests with shared prefixes: greedy,
 seeded samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
 at random steps (while waiting, running or swapped). The engine is driven by hand and checked
@@ -104,6 +105,7 @@ class Scenario:
     kv_offload_frames: int = 0           # the drum: host frames behind the prefix cache (0: none)
     admission: str = "greedy"            # or "working-set": admit while the running sequences' growth fits
     admission_window: int = 16
+    kv_cache_dtype: str = "auto"         # or "int8" / "fp8": the 8-bit KV cache (compressed memory)
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -137,6 +139,9 @@ class Scenario:
             changes["kv_offload_frames"] = pick((0, 0, 1, 4, 32))  # 1 and 4: the tier evicts too
         if policies.random() < 0.3:
             changes |= {"admission": "working-set", "admission_window": pick((1, 4, 16, 256))}
+        storage = np.random.default_rng([BASE_SEED, seed, 7])  # how K/V are stored, a stream of its own
+        if storage.random() < 0.25:
+            changes["kv_cache_dtype"] = ("int8", "fp8")[int(storage.integers(2))]
         return replace(sc, **changes)
 
     def short(self) -> str:
@@ -518,13 +523,13 @@ class WriteGuard:
     def __getattr__(self, name):
         return getattr(self._impl, name)
 
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping):
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping, **scales):
         slots = slot_mapping.get() if hasattr(slot_mapping, "get") else slot_mapping
         if slot_mapping is not self._step_slots:  # the first layer of a forward: guesses are in the tables
             self._step_slots = slot_mapping
             self._checker.check_prefix_cache("during a forward")
         self._checker.check_write(np.asarray(slots).astype(np.int64), int(k_cache.shape[1]))
-        return self._impl.write_kv(k, v, k_cache, v_cache, slot_mapping)
+        return self._impl.write_kv(k, v, k_cache, v_cache, slot_mapping, **scales)
 
 
 # ---- checks on outputs -------------------------------------------------------------------------
@@ -606,14 +611,16 @@ def compare(out, ref, params: SamplingParams, aborted: bool, where: str) -> None
 ALONE: dict = {}  # (block_size, max_model_len, prompt, params) -> RequestOutput of the request alone
 
 
-def alone(llm, block_size: int, max_model_len: int, prompt: list[int], params: SamplingParams, stats: Stats):
-    """The request alone in an ample pool (continuous, no prefix caching), checked like any run."""
-    key = (block_size, max_model_len, tuple(prompt), repr(params))
+def alone(llm, block_size: int, max_model_len: int, prompt: list[int], params: SamplingParams, stats: Stats,
+          kv_cache_dtype: str = "auto"):
+    """The request alone in an ample pool (continuous, no prefix caching), checked like any run;
+    with the scenario's KV storage (an 8-bit run is compared with an 8-bit run alone)."""
+    key = (block_size, max_model_len, tuple(prompt), repr(params), kv_cache_dtype)
     if key not in ALONE:
         width = max(params.n, params.beam_width)
         longest = len(prompt) + params.max_tokens + 1  # room even if max_model_len were ignored
         frames = max(width * -(-longest // block_size), -(-max_model_len // block_size)) + 4
-        engine = llm.new_engine(num_blocks=frames, block_size=block_size,
+        engine = llm.new_engine(num_blocks=frames, block_size=block_size, kv_cache_dtype=kv_cache_dtype,
                                 max_model_len=max_model_len, enable_prefix_caching=False)
         checker = Checker(engine, stats)
         engine.add_request("alone", {"prompt_token_ids": list(prompt)}, params)
@@ -643,7 +650,7 @@ def engine_options(sc: Scenario) -> dict:
             if sc.speculative else None,
             "prefix_cache_policy": sc.prefix_cache_policy, "scheduling_policy": sc.scheduling_policy,
             "kv_offload_frames": sc.kv_offload_frames, "admission": sc.admission,
-            "admission_window": sc.admission_window}
+            "admission_window": sc.admission_window, "kv_cache_dtype": sc.kv_cache_dtype}
 
 
 SPECULATION = {"ngram": {"method": "ngram", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
@@ -690,7 +697,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
                           f"prefix_caching={sc.prefix_caching}", sc.allocator,
                           f"chunked_prefill={sc.chunked_prefill}", f"speculative={sc.speculative}",
                           f"prefix_cache_policy={sc.prefix_cache_policy}", f"scheduling_policy={sc.scheduling_policy}",
-                          f"kv_offload={bool(sc.kv_offload_frames)}", f"admission={sc.admission}"])
+                          f"kv_offload={bool(sc.kv_offload_frames)}", f"admission={sc.admission}",
+                          f"kv_cache_dtype={sc.kv_cache_dtype}"])
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
@@ -758,7 +766,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
         where = f"request {rid} ({r.kind}{', aborted' if rid in aborted else ''})"
         check_output(out, r.prompt, r.params, max_model_len, sc.prefix_caching and sc.scheduler != "static",
                      rid in aborted, where)
-        ref = alone(llm, sc.block_size, max_model_len, r.prompt, r.params, stats)
+        ref = alone(llm, sc.block_size, max_model_len, r.prompt, r.params, stats, sc.kv_cache_dtype)
         if r.params.greedy or not sc.speculative:  # speculation draws other random numbers
             compare(out, ref, r.params, rid in aborted, where)
         stats.finish_reasons.update(c.finish_reason for c in out.outputs)
@@ -801,6 +809,7 @@ def test_fuzz_engine(llm, capsys):
     assert all(stats.options[f"scheduling_policy={p}"] for p in ("fcfs", "sjf", "aging", "priority", "fair")), stats.options
     assert stats.options["admission=working-set"], stats.options
     assert stats.options["kv_offload=True"] and stats.tier_hits, stats.line()
+    assert stats.options["kv_cache_dtype=int8"] and stats.options["kv_cache_dtype=fp8"], stats.options
     assert 0 < stats.accepted < stats.guessed, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 

@@ -56,3 +56,10 @@ def test_a_compile_error_shows_nvrtcs_log(tmp_path):
     broken.write_text("template <typename T> __global__ void k(T* x) { x[0] = undefined_name; }\n")
     with pytest.raises(nvrtc.CompileError, match="undefined_name"):
         nvrtc.compile_cu(broken, ["k<float>"], "sm_90")
+
+
+def test_v7_loads_its_int8_codes_8_bytes_at_a_time(compiled):
+    """v7 reads K and V as 8 int8 codes per load instruction (one 8-byte vector), like fp16's lanes."""
+    ptx = compiled["paged_attention", "sm_90"].ptx
+    v7 = {name: text for name, text in ptx.items() if name.startswith("paged_attention_v7<")}
+    assert v7 and all(re.search(r"ld\.global(\.nc)?\.(v4\.u16|v2\.u32|u64|v8\.u8)", text) for text in v7.values())

@@ -23,7 +23,8 @@ PREFILL_ROWS = 16        # query rows per block of paged_prefill (PREFILL_ROWS i
 HEAD_DIMS = (64, 128)    # the head sizes the kernels are instantiated for
 MAX_Q_PER_KV = 8         # v5 and v6 are instantiated for GQA groups of 1..8 query heads
 PARTITION_SIZE = 512     # v6: tokens per partition of a context
-VERSIONS = (1, 2, 3, 4, 5, 6)
+VERSIONS = (1, 2, 3, 4, 5, 6)     # over a float32/float16 cache
+CODED_VERSION = 7                 # over an 8-bit (int8) cache and its fp16 scales: v5 decoding in registers
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half"}
 
 
@@ -37,7 +38,7 @@ def source_of(name: str) -> str:
 def decode_kernel(version: int, dtype, head_dim: int, q_per_kv: int) -> str:
     """The name expression of a decode version; v5 and v6 also depend on the GQA group size."""
     ctype = CTYPES[np.dtype(dtype)]
-    if version in (5, 6):
+    if version in (5, 6, CODED_VERSION):
         return f"paged_attention_v{version}<{ctype}, {head_dim}, {q_per_kv}>"
     return f"paged_attention_v{version}<{ctype}, {head_dim}>"
 
@@ -52,7 +53,7 @@ def kernel_names(source: str, q_per_kv=range(1, MAX_Q_PER_KV + 1)) -> list[str]:
     for dtype, ctype in CTYPES.items():
         for head_dim in HEAD_DIMS:
             names += [decode_kernel(v, dtype, head_dim, 1) for v in (1, 2, 3, 4)]
-            names += [decode_kernel(v, dtype, head_dim, g) for v in (5, 6) for g in q_per_kv]
+            names += [decode_kernel(v, dtype, head_dim, g) for v in (5, 6, CODED_VERSION) for g in q_per_kv]
             names += [f"paged_attention_v6_reduce<{ctype}, {head_dim}>",
                       f"paged_prefill<{ctype}, {head_dim}>"]
     return names
@@ -137,10 +138,14 @@ class Launcher:
                     (NUM_THREADS,), (k_cache, v_cache, pairs, np.int32(frame_size)))
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale,
-               version: int | None = None, partition_size: int = PARTITION_SIZE):
+               version: int | None = None, partition_size: int = PARTITION_SIZE, k_scales=None, v_scales=None):
         """One query per sequence, by decode version 1..6 (None: pick_version's choice);
-        partition_size is v6's."""
+        partition_size is v6's. With scales (an 8-bit cache), version 7 (decode_coded)."""
         xp = self.xp
+        if k_scales is not None:
+            if version not in (None, CODED_VERSION):
+                raise ValueError(f"an 8-bit cache is read by decode version {CODED_VERSION} only, not {version}")
+            return self.decode_coded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
         block_size, num_kv_heads, q_per_kv = _layout(q, k_cache)
         num_seqs, num_heads, head_dim = q.shape
         block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
@@ -176,6 +181,38 @@ class Launcher:
                         (num_heads, num_seqs), (NUM_THREADS,),
                         (out, part_out, part_lse, context_lens, np.int32(partition_size),
                          np.int32(num_partitions)))
+        return out
+
+    def decode_coded(self, q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales):
+        """v7: one query per sequence over an int8 cache, k_scales and v_scales (num_blocks,
+        block_size, num_kv_heads) float16, a block per (KV head, sequence) as v5."""
+        xp = self.xp
+        if np.dtype(k_cache.dtype) != np.int8 or np.dtype(v_cache.dtype) != np.int8:
+            raise ValueError(f"decode version {CODED_VERSION} reads int8 codes; got {k_cache.dtype} caches "
+                             "(fp8 runs in minipaged.attention.reference only)")
+        if k_cache.ndim != 4 or not k_cache.flags.c_contiguous or k_cache.shape[3] not in HEAD_DIMS \
+                or np.dtype(q.dtype) not in CTYPES or q.ndim != 3:
+            raise ValueError(f"v{CODED_VERSION} takes contiguous (num_blocks, block_size, num_kv_heads, head_dim) "
+                             f"caches with head_dim in {HEAD_DIMS} and a float32/float16 q (tokens, heads, "
+                             f"head_dim); got caches {k_cache.shape}, q {q.shape} {q.dtype}")
+        num_seqs, num_heads, head_dim = q.shape
+        block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+        if k_scales.shape != k_cache.shape[:3] or v_scales.shape != k_scales.shape:
+            raise ValueError(f"k_scales and v_scales must be (num_blocks, block_size, num_kv_heads) = "
+                             f"{k_cache.shape[:3]}; got {k_scales.shape}, {v_scales.shape}")
+        if q.shape[2] != k_cache.shape[3] or num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_Q_PER_KV:
+            raise ValueError(f"q must be (tokens, num_heads, {k_cache.shape[3]}) with 1..{MAX_Q_PER_KV} query "
+                             f"heads per KV head ({num_kv_heads} KV heads); got {q.shape}")
+        out = xp.empty_like(q)
+        if num_seqs == 0:
+            return out
+        block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
+        f16 = [xp.ascontiguousarray(s, dtype=xp.float16) for s in (k_scales, v_scales)]
+        self.launch(decode_kernel(CODED_VERSION, q.dtype, head_dim, num_heads // num_kv_heads),
+                    (num_kv_heads, num_seqs), (NUM_THREADS,),
+                    (out, xp.ascontiguousarray(q), k_cache, v_cache, *f16, block_tables, context_lens,
+                     np.int32(block_tables.shape[1]), np.int32(block_size), np.int32(num_kv_heads),
+                     np.float32(scale)))
         return out
 
     def prefill(self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):

@@ -16,6 +16,7 @@ from minipaged.bench import drum
 from minipaged.bench import replacement
 from minipaged.bench import decode, kernel, latency, memory, paper, projections, serve, sharing, speculative, throughput
 from minipaged.bench import scheduling, thrashing
+from minipaged.bench import kv_dtype
 from minipaged.bench.common import OptionError, check_output_files
 
 DESCRIPTION = """\
@@ -74,6 +75,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
                     "speculative decoding (n-gram lookup, draft layers) vs plain decoding: acceptance, "
                     "tokens per target forward, tokens/s, where lookup fits (rewriting) and where not (chat)",
                     "about 4 min"),
+    "kv-dtype": (kv_dtype.bench_kv_dtype, kv_dtype.add_arguments,
+                 "compressed memory: the 8-bit KV cache (kv_cache_dtype int8, fp8) vs full precision: frames "
+                 "per GiB, greedy agreement per prompt (first divergence), perplexity change, decode tok/s "
+                 "(--kernel: v7's GB/s on a GPU)", "about 30 s"),
     "drum": (drum.bench_drum, drum.add_arguments,
              "the drum: prefix-cache blocks the KV pool evicts kept in a tier of host frames "
              "(kv_offload_frames) or a file: time to first token of returning chat turns, with and "

@@ -1,8 +1,8 @@
 """KV storage: per layer, K and V arrays [num_blocks, block_size, num_kv_heads, head_dim].
 
 The block manager decides where tokens go; before each forward step this module moves whole
-frames (the step's MemoryMoves: swaps, the tier's stores and loads, copy-on-write), and the
-attention layers read it.
+frames (the step's MemoryMoves: swaps, the tier's stores and loads, copy-on-write) with their
+scales when they hold 8-bit codes (kv_cache_dtype), and the attention layers read it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,23 @@ from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, check_size
 from minipaged.paging.tier_file import TierFile
 
 SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
+# kv_cache_dtype (vLLM's option) -> how a frame stores K and V: None is the model's dtype; int8
+# and fp8 (e4m3 bit patterns in uint8) are 8-bit codes with a float16 scale per (slot, KV head)
+KV_CACHE_DTYPES = {"auto": None, "int8": np.dtype(np.int8), "fp8": np.dtype(np.uint8)}
+
+
+def kv_storage_dtype(kv_cache_dtype: str, model_dtype) -> np.dtype:
+    """The dtype of the KV arrays for vLLM's kv_cache_dtype option: "auto" (the model's), "int8"
+    or "fp8" (8-bit codes, see minipaged.attention.reference); anything else is a ValueError."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+                         f"got {kv_cache_dtype!r} (fp8 is e4m3, emulated in NumPy)")
+    return KV_CACHE_DTYPES[kv_cache_dtype] or np.dtype(model_dtype)
+
+
+def is_coded(dtype) -> bool:
+    """Whether KV arrays of this dtype hold 8-bit codes, with scales beside them."""
+    return np.dtype(dtype).itemsize == 1
 
 
 def default_kv_memory(device: str, requested: int) -> int:
@@ -32,8 +49,10 @@ def default_kv_memory(device: str, requested: int) -> int:
 
 def bytes_per_frame(num_layers: int, num_kv_heads: int, head_dim: int,
                     block_size: int = DEFAULT_BLOCK_SIZE, dtype="float16") -> int:
-    """2 (K and V) × num_layers × block_size × num_kv_heads × head_dim × itemsize."""
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize
+    """2 (K and V) × num_layers × block_size × num_kv_heads × head_dim × itemsize, and for 8-bit
+    codes as many float16 scales as rows: 2 × num_layers × block_size × num_kv_heads × 2 bytes."""
+    scales = 2 * num_layers * block_size * num_kv_heads * 2 if is_coded(dtype) else 0
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize + scales
 
 
 def num_blocks_for_memory(kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -45,7 +64,7 @@ def num_blocks_for_memory(kv_cache_memory: int, num_layers: int, num_kv_heads: i
 
     SmolLM2-135M in fp16 (30 layers, 3 KV heads, head_dim 64), block_size 16:
     2 × 30 × 16 × 3 × 64 × 2 = 368,640 bytes a frame (23,040 a token); 1 GiB holds 2,912
-    frames, 46,592 tokens.
+    frames, 46,592 tokens. In int8: 184,320 + 5,760 bytes of scales = 190,080 (1.94x fewer), 5,648 frames.
     """
     kv_cache_memory = check_size("kv_cache_memory", kv_cache_memory, minimum=0)
     frame = bytes_per_frame(check_size("num_layers", num_layers), check_size("num_kv_heads", num_kv_heads),
@@ -63,7 +82,10 @@ class KVCache:
     pool of the same shape for swapped-out frames, and one for the tier behind the prefix cache
     (`num_tier_blocks`; in a file through numpy.memmap when `tier_path` is given). New tokens'
     K and V are written into their slots by the attention layer (`write_kv` of
-    minipaged.attention), not here."""
+    minipaged.attention), not here. A dtype of one byte (int8, or uint8 for fp8) holds 8-bit
+    codes: `scales` (K/V, layers, num_blocks, block_size, kv_heads) float16 then go wherever their
+    frames go (host, tier; beside a tier file its scales stay in memory, 1/32 of its bytes).
+    Other dtypes have empty scales (last axis 0), so every move copies both without a test."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_host_blocks: int = 0,
@@ -77,10 +99,17 @@ class KVCache:
         frame = (check_size("block_size", block_size), check_size("num_kv_heads", num_kv_heads),
                  check_size("head_dim", head_dim))
         # (K/V, layers, num_blocks, block_size, kv_heads, head_dim) on the device, the same in host memory
+        num_tier_blocks = check_size("num_tier_blocks", num_tier_blocks, minimum=0)
+        if is_coded(self.dtype) and self.device == "cuda":
+            raise ValueError("an 8-bit kv_cache_dtype runs on the CPU for now: the GPU has its decode kernel "
+                             "(paged_attention_v7) but no coding write_kv or 8-bit prefill yet; use 'auto' there")
         self.data = self.xp.zeros((2, layers, num_blocks, *frame), dtype=self.dtype)
         self.host = np.zeros((2, layers, num_host_blocks, *frame), dtype=self.dtype)
-        self.tier, self.tier_file = make_tier((2, layers, check_size("num_tier_blocks", num_tier_blocks,
-                                                                    minimum=0), *frame), self.dtype, tier_path)
+        self.tier, self.tier_file = make_tier((2, layers, num_tier_blocks, *frame), self.dtype, tier_path)
+        rows = frame[:2] if is_coded(self.dtype) else (block_size, 0)  # (K/V, layers, frames, block_size, kv_heads)
+        self.scales = self.xp.zeros((2, layers, num_blocks, *rows), dtype=np.float16)
+        self.host_scales = np.zeros((2, layers, num_host_blocks, *rows), dtype=np.float16)
+        self.tier_scales = np.zeros((2, layers, num_tier_blocks, *rows), dtype=np.float16)
         self.closed = False
         # the tier file's lock is held as long as this cache lives: given back by close(), or when
         # it is garbage collected
@@ -95,6 +124,7 @@ class KVCache:
         if isinstance(self.tier, np.memmap):
             self.tier.flush()
         self.tier = np.zeros((*self.tier.shape[:2], 0, *self.tier.shape[3:]), dtype=self.dtype)
+        self.tier_scales = self.tier_scales[:, :, :0]
         if self._release is not None:
             self._release()
 
@@ -116,6 +146,13 @@ class KVCache:
     def v(self):
         return self.data[1]  # (layers, num_blocks, block_size, kv_heads, head_dim)
 
+    def scales_of(self, layer: int) -> dict:
+        """The attention functions' scale arguments for one layer: {} for full precision, else
+        k_scales and v_scales, each (num_blocks, block_size, kv_heads) float16."""
+        if not is_coded(self.dtype):
+            return {}
+        return {"k_scales": self.scales[0, layer], "v_scales": self.scales[1, layer]}
+
     @property
     def num_blocks(self) -> int:
         return self.data.shape[2]
@@ -136,18 +173,21 @@ class KVCache:
             pairs = self.xp.asarray(moves.copies, dtype=self.xp.int32)  # (num_copies, 2)
             for layer in range(self.data.shape[1]):
                 copy_blocks(self.k[layer], self.v[layer], pairs)
+            self.scales[:, :, pairs[:, 1]] = self.scales[:, :, pairs[:, 0]]   # a copy keeps its scales
 
     def swap_out(self, pairs) -> None:
         """Copy (device_frame, host_frame) pairs to the host pool (BlockManager.swap_out)."""
         if pairs:
             device_frames, host_frames = map(list, zip(*pairs))
             self.host[:, :, host_frames] = to_numpy(self.data[:, :, device_frames])
+            self.host_scales[:, :, host_frames] = to_numpy(self.scales[:, :, device_frames])
 
     def swap_in(self, pairs) -> None:
         """Copy (host_frame, device_frame) pairs back to the device (BlockManager.swap_in)."""
         if pairs:
             host_frames, device_frames = map(list, zip(*pairs))
             self.data[:, :, device_frames] = self.xp.asarray(self.host[:, :, host_frames])
+            self.scales[:, :, device_frames] = self.xp.asarray(self.host_scales[:, :, host_frames])
 
     def move_tier(self, moves) -> None:
         """Make the tier's moves in their order (BlockManager.take_tier_moves): ("store", device
@@ -158,8 +198,10 @@ class KVCache:
         for kind, sources, targets in tier_runs(moves):
             if kind == "store":
                 self.tier[:, :, targets] = to_numpy(self.data[:, :, sources])
+                self.tier_scales[:, :, targets] = to_numpy(self.scales[:, :, sources])
             else:
                 self.data[:, :, targets] = self.xp.asarray(self.tier[:, :, sources])
+                self.scales[:, :, targets] = self.xp.asarray(self.tier_scales[:, :, sources])
 
 
 def make_tier(shape: tuple, dtype, path=None) -> tuple[np.ndarray, TierFile | None]:

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-cache-memory", type=size, default=0, help="KV cache size, e.g. 256M (default: 512M on a CPU)")
     add("--num-blocks", type=number(int, 1), default=0,
         help="KV frames, instead of --kv-cache-memory (a small pool shows more)")
+    add("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+        help="how K and V are stored: the model's dtype, or 8-bit codes with a scale per token and head "
+             "(~2x the frames of fp16 in the same memory; docs/15_compressed_memory.md) (default %(default)s)")
     add("--max-model-len", type=number(int, 2), default=0, help="longest prompt + answer (default: the model's)")
     add("--max-num-seqs", type=number(int, 1), default=64, help="most sequences in one batch (default %(default)s)")
     add("--preemption-mode", default="recompute", choices=["recompute", "swap"])
@@ -138,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def engine_options(args) -> dict:
     return {"block_size": args.block_size, "kv_cache_memory": args.kv_cache_memory,
-            "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
+            "kv_cache_dtype": args.kv_cache_dtype, "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs, "preemption_mode": args.preemption_mode,
             "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching,
             "speculative_config": args.speculative_config, "prefix_cache_policy": args.prefix_cache_policy,
