@@ -41,6 +41,7 @@ class EngineConfig:
     allocator: str = "paged"            # or "contiguous-max" / "-pow2" / "-oracle": Orca's baselines
     enable_chunked_prefill: bool = False  # prompts in chunks within max_num_batched_tokens per step
     speculative_config: dict | SpeculativeConfig | None = None  # vLLM's: {"method": "ngram", ...}
+    structured_outputs_backend: object = "automata"  # compiles SamplingParams.structured_outputs (meeting 16)
 
     def __post_init__(self):
         """Every option, before any memory is sized (the scheduler's by SchedulerConfig)."""
@@ -51,6 +52,9 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         policies.make("prefix_cache_policy", self.prefix_cache_policy)  # a ValueError naming the policies
+        if not isinstance(self.structured_outputs_backend, str) or ":" in self.structured_outputs_backend or \
+                self.structured_outputs_backend not in policies.SEAMS["structured_outputs_backend"]:
+            policies.resolve("structured_outputs_backend", self.structured_outputs_backend)  # a ValueError naming them
         kv_storage_dtype(self.kv_cache_dtype, "float32")                 # a ValueError naming the dtypes
         if self.kv_offload_path is not None and not isinstance(self.kv_offload_path, (str, os.PathLike)):
             raise ValueError(f"kv_offload_path must be a file path or None, got {self.kv_offload_path!r}")

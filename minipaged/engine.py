@@ -17,7 +17,7 @@ from minipaged.model import IncrementalDetokenizer, Model, Tokenizer
 from minipaged.outputs import ExtraRow, RequestOutput, StepReport
 from minipaged.paging import SWAP_SPACE, KVCache, default_kv_memory, kv_storage_dtype, num_blocks_for_memory
 from minipaged.runner import ModelRunner
-from minipaged.sampling import SamplingParams, int_list, make_generator, sample
+from minipaged.sampling import SamplingParams, held_rows, int_list, make_generator, sample
 from minipaged.scheduler import Batch, Request, Scheduler, Sequence, Status
 
 
@@ -44,6 +44,7 @@ class LLMEngine:
         self.lookahead = config.lookahead(self.runner, self.blocks)  # extra tokens per row, or None
         self.scheduler = Scheduler(config.scheduler_config(self.max_model_len), self.blocks, self.lookahead)
         self.eos_token_ids = set(eos_token_ids or c.eos_token_ids)
+        self.constraints = None  # structured output's compiler, built for the first request that asks
         self.requests: dict[str, Request] = {}
         self.step_count = 0
 
@@ -63,13 +64,23 @@ class LLMEngine:
             raise ValueError(f"client must be a string naming who asked, got {client!r}")
         try:
             text, ids = self._check_request(prompt, params, priority)
+            spec = params.structured_outputs  # its constraint, compiled once; each sequence walks its own
+            constraint = self.constrainer().compile(spec) if spec is not None else None
         except ValueError as error:
             raise ValueError(f"request {request_id!r}: {error}") from None
         seqs = [Sequence(self.scheduler.new_seq_id(), list(ids), len(ids), index=i, generator=make_generator(params, i),
-                         detokenizer=IncrementalDetokenizer(self.tokenizer))
+                         detokenizer=IncrementalDetokenizer(self.tokenizer), constraint=constraint and constraint.fork())
                 for i in range(1 if params.beam_width > 1 else params.n)]
         self.requests[request_id] = Request(request_id, text, list(ids), params, seqs, client=client or "")
         self.scheduler.add(self.requests[request_id], priority)
+
+    def constrainer(self):
+        """The structured-output backend (EngineConfig.structured_outputs_backend), built once."""
+        if self.constraints is None:
+            self.constraints = policies.make("structured_outputs_backend", self.config.structured_outputs_backend,
+                                             tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
+                                             eos_token_ids=self.eos_token_ids)
+        return self.constraints
 
     def abort_request(self, request_id: str) -> RequestOutput:
         """Stop a request now and free its frames; its output so far, finish_reason "abort"."""
@@ -115,8 +126,9 @@ class LLMEngine:
         plain, beams, emitted = [], {}, {}
         for s, block in zip(batch.scheduled, blocks):  # each row's logits: its last token's (prompt logprobs:
             block = s.request.take_prompt_logprobs(s.seq.num_computed, block)  # every one's), its extra tokens'
-            if s.seq in extra:
-                emitted[s.seq] = (s.request, self.lookahead.emit(s, extra[s.seq], block), block)
+            if s.seq in extra:  # each extra token checked against the row's constraint, if it has one
+                held = held_rows(block, s.seq.constraint, extra[s.seq])
+                emitted[s.seq] = (s.request, self.lookahead.emit(s, extra[s.seq], held), block)
             for seq in [] if s.seq in extra else s.samplers:  # forked samples share logits
                 if s.request.beam_search:
                     beams.setdefault(s.request, []).append((seq, block[-1]))

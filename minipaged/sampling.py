@@ -15,6 +15,41 @@ MAX_STOP_STRINGS, MAX_STOP_LEN = 16, 256  # the per-token stop check of one requ
 
 
 @dataclass(slots=True)
+class StructuredOutputsParams:
+    """vLLM's structured output: exactly one of a JSON schema (`json`, a dict or its JSON text),
+    any JSON object (`json_object=True`), a regular expression (`regex`) or one of some strings
+    (`choice`); the answer is held to it token by token (minipaged/structured, meeting 16)."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None      # vLLM's context-free grammar: refused here (a pushdown automaton)
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "json_object", "grammar")
+                 if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice and json_object, "
+                             f"got {', '.join(given) or 'none'}")
+        if self.grammar is not None:
+            raise ValueError("structured_outputs.grammar (a context-free grammar) is not supported: minipaged's "
+                             "automata are finite-state (a regex, a JSON schema, a choice); use one of those")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError(f"structured_outputs.regex must be a string, got {self.regex!r:.80}")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r:.80}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(f"structured_outputs.json must be a JSON schema (an object or its text), "
+                             f"got {self.json!r:.80}")
+
+    def key(self) -> str:
+        """One string per constraint: equal constraints share one compiled automaton."""
+        import json
+        return json.dumps([self.json, self.regex, self.choice, bool(self.json_object)], sort_keys=True)
+
+
+@dataclass(slots=True)
 class SamplingParams:
     n: int = 1                      # parallel samples of the same prompt
     temperature: float = 1.0        # 0 (or under GREEDY_BELOW) = greedy
@@ -35,6 +70,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit, in [-100, 100]
     logprobs: int | None = None     # per output token: its log probability and the `logprobs` likeliest (-1: all)
     prompt_logprobs: int | None = None  # the same for each prompt token after the first (read by the prefill)
+    structured_outputs: StructuredOutputsParams | dict | None = None  # the answer held to a regex, schema, choice
 
     def __post_init__(self):
         self.validate()
@@ -60,6 +96,11 @@ class SamplingParams:
                 check_int(name, getattr(self, name), -1)
         if self.seed is not None:
             check_int("seed", self.seed, 0)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams (or a dict of its fields), "
+                             f"got {self.structured_outputs!r:.80}")
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
@@ -92,6 +133,8 @@ class SamplingParams:
             (not beam or not (self.adjusts_logits or self.min_p), "beam search ranks beams by the model's own log "
              "probabilities: presence_penalty, frequency_penalty, repetition_penalty, min_p, min_tokens and "
              "logit_bias cannot be set with beam_width > 1"),
+            (not beam or self.structured_outputs is None, "structured_outputs cannot be set with beam_width > 1: "
+             "beams are ranked by the model's own log probabilities, which the automaton's mask would change"),
             (not beam or self.logprobs is None, "logprobs cannot be set with beam_width > 1: each beam's "
              "cumulative_logprob is in its output"),
         ]
@@ -201,8 +244,11 @@ def sample(logits: np.ndarray, params: list[SamplingParams], generators: list[np
     logit_bias and min_tokens first (adjust: they read each row's sequence, anything with
     token_ids and prompt_len); then greedy when temperature is 0; otherwise temperature, min-p,
     top-k, top-p, then a draw from each sequence's own random generator, so a seeded request
-    gets the same tokens whatever else is in the batch."""
-    logits = logits if seqs is None else adjust(logits, params, seqs, eos_token_ids)
+    gets the same tokens whatever else is in the batch. A sequence with a `constraint` (its
+    structured output's automaton) takes only the tokens it allows (held)."""
+    if seqs is not None:
+        logits = held(adjust(logits, params, seqs, eos_token_ids), [getattr(s, "constraint", None) for s in seqs],
+                      logits)
     tokens = logits.argmax(axis=-1).tolist()  # greedy for all rows; sampled rows overwrite
     for row, (p, gen) in enumerate(zip(params, generators)):
         if not p.greedy:
@@ -243,6 +289,40 @@ def adjust(logits: np.ndarray, params: list[SamplingParams], seqs: list, eos_tok
     out = logits.copy()
     out[rows] = x
     return out
+
+
+def held(logits: np.ndarray, constraints: list, raw: np.ndarray | None = None) -> np.ndarray:
+    """Each row whose constraint is not None keeps only the tokens it allows now (the others
+    become -inf): the mask of structured output, one bool row (vocab,) per constrained row.
+    Where the controls left no allowed token finite (min_tokens banning the end the automaton
+    asks for), the automaton wins: that row's allowed tokens keep their `raw` logits."""
+    rows = [i for i, c in enumerate(constraints) if c is not None]
+    if not rows:
+        return logits
+    out = logits.copy()
+    for i in rows:
+        allowed = constraints[i].allowed()                 # (vocab,) bool: the automaton's state
+        if not allowed.any():                              # a dead state (cannot happen once held)
+            continue
+        row = np.where(allowed, out[i], -np.inf)
+        if not np.isfinite(row).any() and raw is not None:
+            row = np.where(allowed, raw[i], -np.inf)
+        out[i] = row
+    return out
+
+
+def held_rows(logits: np.ndarray, constraint, extra: list[int]) -> np.ndarray:
+    """The logits (1 + len(extra), vocab) of a row that ran extra tokens (speculation's guesses):
+    row k is held to the constraint's state after extra[:k], so verification checks each guess
+    against it (a guess the automaton refuses has logit -inf and is rejected; rows after it are
+    never read)."""
+    if constraint is None:
+        return logits
+    walk, states = constraint.fork(), [constraint.fork()]
+    for token in extra[:len(logits) - 1]:
+        walk.advance(token)
+        states.append(walk.fork())
+    return held(logits, states, logits)
 
 
 LOGIT_BOUND = 1e30  # adjusted logits stay within it: divided by any temperature >= GREEDY_BELOW, still finite

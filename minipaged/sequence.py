@@ -35,14 +35,18 @@ class Sequence:
     text: str = ""
     released: int = 0             # characters of `text` handed out (the rest may start a stop string)
     logprobs: list[dict[int, Logprob]] | None = None  # asked for: per output token, its own and the top ones
+    constraint: object = None     # structured output: the automaton's state (allowed, advance), or None
 
     def keep_until_stop(self, tokens: list[int], params: SamplingParams, eos_token_ids,
                         logits=None) -> tuple[list[int], bool]:
         """Add the tokens' text up to the first token that ends it (eos, a stop token, or a stop
         string, cut off there), as one token at a time would have stopped: those tokens, and
         whether one ended it. Row i of `logits` is the model's at tokens[i]: its logprobs, if
-        asked. As vLLM, no stop string is looked for within the first min_tokens tokens."""
+        asked. As vLLM, no stop string is looked for within the first min_tokens tokens. A
+        constraint (structured output's automaton) takes each kept token."""
         for i, token in enumerate(tokens):
+            if self.constraint is not None:
+                self.constraint.advance(token)  # the automaton walks every token kept
             if params.logprobs is not None:
                 self.add_logprobs(logits[i], token, params.logprobs)
             stops = params.stop if len(self.output_ids) + i >= params.min_tokens else []

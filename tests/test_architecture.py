@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "minipaged"
 LAYERS = [
     {"backend", "sampling", "outputs"},
     {"attention", "model", "paging", "sequence", "beam"},
-    {"policies"},  # the seams' policies: they see requests and the block manager, nothing above
+    {"policies", "structured"},  # the seams' policies (structured output's automata too): nothing above
     {"scheduler", "runner", "viz"},
     {"speculative"},  # proposers: the n-gram lookup, and draft layers run through the runner
     {"config"},  # EngineConfig: every option, each seam's policy named
@@ -148,7 +148,7 @@ def test_no_function_on_the_request_path_is_over_forty_lines():
 CORE = ["minipaged.engine", "minipaged.scheduler", "minipaged.runner"]
 # each idea of the series, by the words that name it; a quoted policy name counts too
 IDEA_WORDS = re.compile(r"specul|guess|draft|ngram|n-gram|\bsjf\b|shortest|\baging|admission_window|working.set|denning|drum|"
-                        r"\blru\b|fifo|\bclock\b|belady|['\"](priority|greedy|static)['\"]", re.IGNORECASE)
+                        r"\blru\b|fifo|\bclock\b|belady|automat|regex|json|schema|['\"](priority|greedy|static)['\"]", re.IGNORECASE)
 OWNERS = {"scheduler": "Scheduler", "runner": "ModelRunner", "attention": "PagedAttention"}
 
 

@@ -1,6 +1,9 @@
 """Issue 32, part 1, fair queuing: the waiting order of the least served client (the Virtual
 Token Counter), the scheduler's `served` hook that feeds it, the victim it brings, the client
-named by the engine and by the server, and fcfs's tokens when there is one client."""
+named by the engine and by the server, fcfs's tokens when there is one client, and each client's
+service on the dashboard and /metrics."""
+
+import time
 
 import httpx
 import pytest
@@ -11,6 +14,7 @@ from minipaged.policies.fair import Fair, MostServed
 from minipaged.serve import cli as serve_cli
 from minipaged.serve.api import Server, ServerConfig
 from minipaged.serve.cli import ServerThread
+from minipaged.serve.clients import client_name
 from minipaged.sequence import Request, Sequence, Status
 
 
@@ -130,3 +134,38 @@ def test_the_server_names_the_client_by_key_and_fair_needs_no_bound(llm):
     assert sorted(c.split(" Bearer ")[-1] for c in counters) == ["alice", "bob"], counters
     alice, bob = (next(v for c, v in counters.items() if c.endswith(key)) for key in ("alice", "bob"))
     assert alice > bob > 0  # alice asked twice
+
+
+def test_the_dashboard_and_metrics_show_each_clients_service(llm):
+    """Two clients (two API keys) through a real server under fair queuing: once it is idle,
+    the dashboard's row of each (named without its key) holds the prompt tokens it sent and the
+    tokens it was returned, its fair counter is the order's, and /metrics counts the same."""
+    engine = llm.new_engine(scheduling_policy="fair")
+    sent = {"alice": [0, 0], "bob": [0, 0]}  # key -> [prompt tokens, completion tokens] as the server's usage says
+    asks = [("alice", "one two three", 5, 1), ("bob", "one", 3, 2), ("alice", "two three four five six", 4, 1)]
+    with ServerThread(Server(engine, llm.tokenizer, ServerConfig(model_name="tiny"))) as url:
+        for key, prompt, max_tokens, n in asks:
+            r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                           json={"prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            sent[key][0] += r.json()["usage"]["prompt_tokens"]
+            sent[key][1] += r.json()["usage"]["completion_tokens"]
+        for _ in range(100):  # the snapshot of the idle engine follows the last answer closely
+            snapshot = httpx.get(f"{url}/dashboard/snapshot", timeout=10).json()
+            if snapshot["counters"]["finished"] == len(asks) and not any(snapshot["queues"].values()):
+                break
+            time.sleep(0.05)
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    assert sent["alice"][1] == 5 + 4 and sent["bob"][1] == 3 * 2  # ignore_eos: every token asked for
+    rows = {row["name"]: row for row in snapshot["clients"]}
+    assert len(rows) == 2 and not any(key in name for name in rows for key in sent), rows  # no key on the page
+    by_key = {key: next(r for r in rows.values() if r["output_tokens"] == sent[key][1]) for key in sent}
+    for key, (prompt, output) in sent.items():
+        row = by_key[key]
+        assert (row["prompt_tokens"], row["output_tokens"], row["running"], row["waiting"]) == (prompt, output, 0, 0)
+        for kind, tokens in (("prompt", prompt), ("output", output)):
+            assert f'minipaged:client_tokens_total{{client="{row["name"]}",kind="{kind}",model_name="tiny"}} ' \
+                   f'{float(tokens)}' in metrics
+    counters = engine.scheduler.order.service()
+    assert {client_name(c): round(v, 1) for c, v in counters.items()} == {r["name"]: r["counter"] for r in rows.values()}
+    assert by_key["alice"]["counter"] > by_key["bob"]["counter"] > 0  # alice asked for more

@@ -204,8 +204,9 @@ BAD = [  # (what, body, status, param): each must leave the engine untouched
     ("seed a string", {"prompt": "hello", "seed": "x"}, 400, "seed"),
     ("ignore_eos a string", {"prompt": "hello", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ("stream a string", {"prompt": "hello", "stream": "true"}, 400, "stream"),
-    ("a field of vLLM's not here yet", {"prompt": "hello", "response_format": {"type": "json_object"}}, 400,
-     "response_format"),  # an unknown field is ignored, as vLLM ignores it (test_serve_vllm_compat.py)
+    ("a field of vLLM's not here yet", {"prompt": "hello", "structural_tag": {"type": "structural_tag"}}, 400,
+     "structural_tag"),
+    ("a regex that is not one", {"prompt": "hello", "structured_outputs": {"regex": "(a"}}, 400, "structured_outputs"),  # an unknown field is ignored, as vLLM ignores it (test_serve_vllm_compat.py)
     ("stream_options without stream", {"prompt": "hello", "stream_options": {"include_usage": True}}, 400,
      "stream_options"),
     ("logprobs above vLLM's max_logprobs", {"prompt": "hello", "logprobs": 21}, 400, "logprobs"),

@@ -1,5 +1,5 @@
 """The live dashboard: request colours and letters, prefix-cache counts at admission, a tokens/s
-window, and the page itself in a real browser (headless Chromium, Debian's package, driven by
+window, each client's service, and the page itself in a real browser (headless Chromium, Debian's package, driven by
 Playwright) in projector mode at 1280x720. Screenshots go to tmp; MINIPAGED_UPDATE_FIGURES=1
 also writes them to docs/figures/ (dashboard.png, dashboard-projector.png, dashboard-static.png).
 """
@@ -14,16 +14,18 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from checkpoints import WORDS, write_checkpoint
-from minipaged import LLM, SamplingParams
+from minipaged import LLM, SamplingParams, policies
 from minipaged.outputs import StepReport
 from minipaged.paging import BlockManager
 from minipaged.serve.api import Server, ServerConfig
 from minipaged.serve.cli import ServerThread
+from minipaged.serve.clients import OTHER, ClientNames, client_name
 from minipaged.serve.dashboard import LETTERS, PALETTE, WINDOW, Dashboard, Styles, ink, luminance
 from minipaged.serve.metrics import Metrics
 
@@ -183,6 +185,72 @@ def test_tokens_per_s_is_a_sliding_window_that_falls_to_zero():
     assert fresh.tokens_per_s(2000 + 0.95) == pytest.approx(40, rel=0.1)
 
 
+# ---- each client's service ------------------------------------------------------------------
+
+def test_a_client_is_shown_by_address_and_a_hash_of_its_key_never_the_key():
+    alice, bob = client_name("10.0.0.7 Bearer sk-alice-secret"), client_name("10.0.0.7 Bearer sk-bob-secret")
+    assert alice.startswith("10.0.0.7 #") and "alice" not in alice and "secret" not in alice
+    assert alice != bob and alice == client_name("10.0.0.7 Bearer sk-alice-secret")  # the same key, the same name
+    assert client_name("10.0.0.8 ") == "10.0.0.8" and client_name("alice") == "alice" and client_name("") == "(none)"
+    names = ClientNames(limit=3)
+    assert [names.of(f"10.0.0.{i} ") for i in range(5)] == ["10.0.0.0", "10.0.0.1", "10.0.0.2", OTHER, OTHER]
+    assert names.of("10.0.0.1 ") == "10.0.0.1" and len(names.known) == 3  # known ones keep their names
+    assert [names.rank(n) for n in ("10.0.0.2", "10.0.0.0", OTHER)] == [2, 0, 3]
+
+
+def test_each_clients_service_is_counted_while_it_runs_and_when_it_leaves(tiny_llm):
+    """Two clients under fair queuing, 2 rows: after every step each client's running and
+    waiting requests, tokens served so far (a prompt once it ran, one token per row that ran)
+    and the fair order's counter are what the engine says; at the end, what was asked."""
+    engine = tiny_llm.new_engine(num_blocks=32, block_size=4, max_num_seqs=2, scheduling_policy="fair")
+    dashboard = Dashboard("tiny", interval=0)
+    asks = {"alice": [([5, 6, 7, 8, 9], 4), ([5, 6, 7], 3), ([9, 8, 7, 6], 2)], "bob": [([10, 11], 6)]}
+    for client, requests in asks.items():
+        for i, (ids, max_tokens) in enumerate(requests):
+            engine.add_request(f"{client}{i}", {"prompt_token_ids": ids},
+                               SamplingParams(max_tokens=max_tokens, ignore_eos=True), client=client)
+    prompts = {f"{c}{i}": len(ids) for c, requests in asks.items() for i, (ids, _) in enumerate(requests)}
+    started, rows_ran, steps = set(), {"alice": 0, "bob": 0}, 0
+    while engine.has_unfinished_requests() and steps < 100:
+        report, steps = engine.step(), steps + 1
+        for output in report.finished:  # the engine loop's order: finished(), then stepped()
+            dashboard.finished(output, None)
+        dashboard.stepped(engine, report, idle=not engine.has_unfinished_requests())
+        started |= {rid for rid, *_ in report.ran}
+        for rid, *_ in report.ran:
+            rows_ran[rid.rstrip("0123456789")] += 1  # each row samples one token (no speculation here)
+        s, rows = engine.scheduler, {r["name"]: r for r in dashboard.latest["clients"]}
+        for client in asks:
+            row = rows[client]
+            assert row["running"] == sum(r.client == client for r in s.running), (steps, row)
+            assert row["waiting"] == sum(r.client == client for r in [*s.waiting, *s.swapped]), (steps, row)
+            assert row["prompt_tokens"] == sum(n for rid, n in prompts.items() if rid in started and rid.startswith(client))
+            assert row["output_tokens"] == rows_ran[client], (steps, row)
+            assert row["counter"] == round(s.order.counters[client], 1)
+        if engine.has_unfinished_requests():  # busy: the window's tokens are all someone's
+            assert sum(r["share"] for r in rows.values()) == pytest.approx(1, abs=1e-3)
+    assert not engine.has_unfinished_requests(), "not done in 100 steps"
+    final = {r["name"]: r for r in dashboard.latest["clients"]}
+    assert {c: (r["prompt_tokens"], r["output_tokens"], r["running"], r["waiting"], r["share"]) for c, r in final.items()} \
+        == {"alice": (5 + 3 + 4, 4 + 3 + 2, 0, 0, 0.0), "bob": (2, 6, 0, 0, 0.0)}  # idle: no recent tokens
+    assert dashboard.client_of == {}  # nothing kept of requests that left
+
+
+def test_a_clients_share_is_of_the_tokens_computed_in_the_last_window():
+    engine = SimpleNamespace(requests={"a": SimpleNamespace(client="alice"), "b": SimpleNamespace(client="bob")},
+                             scheduler=SimpleNamespace(order=policies.FCFS()))  # an order with no counters
+    dashboard = Dashboard("tiny")
+    for step in range(100):  # 10 s at 10 steps a second: alice alone (4 tokens a step), then alice 1 and bob 3
+        ran = [("a", 0, "decode", 4)] if step < 50 else [("a", 0, "decode", 1), ("b", 0, "prefill", 3)]
+        dashboard._record_clients(engine, StepReport(step, ran, 0, 0, 0, 0, 0, 0, 0, [], [], 0.1), now=1000 + step / 10)
+    rows = {r["name"]: r for r in dashboard._clients(engine, {}, now=1000 + 9.95)}  # only the last 5 s
+    assert (rows["alice"]["share"], rows["bob"]["share"]) == (0.25, 0.75)
+    assert (rows["alice"]["recent_tokens"], rows["bob"]["recent_tokens"]) == (50, 150)
+    assert rows["alice"]["counter"] is None  # fcfs keeps no counter
+    # 20 s later nothing of theirs ran lately, and none of their requests is here or has left
+    assert dashboard._clients(engine, {}, now=1000 + 30) == []
+
+
 # ---- in a browser ----------------------------------------------------------------------------
 
 def chromium() -> str:
@@ -256,6 +324,7 @@ LOOK = """() => {
           padding: document.querySelectorAll("#timeline .slot.padding").length,
           multi: document.querySelectorAll("#frames .frame.multi").length,
           rows: document.querySelectorAll("#timeline .tl-row").length,
+          clients: [...document.querySelectorAll("#clients .cl-row:not(.head)")].map(r => r.dataset.client),
           newest: Number(document.querySelector("#timeline .tl-row")?.dataset.step ?? -1),
           page: [document.documentElement.scrollWidth, document.documentElement.scrollHeight]};
 }"""
@@ -346,6 +415,7 @@ def test_dashboard_shows_shared_frames_and_a_growing_timeline(tmp_path):
         assert max(v["multi"] for v in views) > 0, "no frame was ever drawn as mapped by two or more requests"
         assert len({f["id"] for v in views for f in v["frames"]}) >= 4, "the frame map showed fewer than 4 requests"
         assert views[-1]["newest"] > views[0]["newest"] and views[-1]["rows"] > 0, "the timeline did not grow"
+        assert "127.0.0.1" in {c for v in views for c in v["clients"]}, "the load's client has no row in Clients"
         save(page, tmp_path, "dashboard.png")
 
 
@@ -374,6 +444,7 @@ def test_dashboard_on_a_projector_during_a_preemption(tmp_path):
         assert idle[-1]["tokens"] == "0.0", f"tokens/s stayed at {idle[-1]['tokens']} with nothing running"
         check_long_rows_and_a_big_pool(page)
         check_guess_marks(page)
+        check_a_room_of_clients(page)
 
 
 def check_guess_marks(page) -> None:
@@ -393,6 +464,31 @@ def check_guess_marks(page) -> None:
     assert row["slots"] == ["decode:C", "guess-kept:✓", "guess-rejected:✗", "guess-rejected:✗", "decode:D"], row
     assert row["kept"][0][1] == row["letter"][1], "a kept guess is not drawn in its request's colour"
     assert row["counter"] == "33%", row
+
+
+def check_a_room_of_clients(page) -> None:
+    """A room of 40 clients under fair queuing, drawn from a made-up snapshot: the active ones
+    first, whole rows only and the title says how many are shown; each row's numbers are its
+    client's, its share bar as wide as its share, and the text still fits a projector."""
+    page.evaluate("""() => {
+      const clients = [...Array(40).keys()].map(i => ({name: `10.0.0.${i + 10} #${(0xa00 + i).toString(16)}`,
+        prompt_tokens: 1000 * i + 7, output_tokens: 23 * i, running: i % 5 === 3 ? 1 : 0, waiting: i % 5 === 3 ? 2 : 0,
+        recent_tokens: i % 5 === 3 ? 10 * i : 0, share: i % 5 === 3 ? i / 180 : 0, counter: 3.5 * i}));
+      draw({...last, clients}); }""")
+    check_view(page.evaluate(LOOK), projector=True)
+    shown = page.evaluate("""() => [...document.querySelectorAll('#clients .cl-row:not(.head)')].map(r => ({
+      cells: [...r.children].map(c => c.textContent),
+      bar: r.querySelector('.bar').getBoundingClientRect().width / r.querySelector('.share').getBoundingClientRect().width}))""")
+    title = page.evaluate("() => document.getElementById('clients-title').textContent")
+    assert 3 <= len(shown) < 40 and title == f"(40, {len(shown)} shown)", (title, len(shown))
+    active = [i for i in range(40) if i % 5 == 3]  # 8 active clients: they come first, in arrival order
+    for k, row in enumerate(shown):
+        i = active[k] if k < len(active) else [j for j in range(40) if j % 5 != 3][k - len(active)]
+        share = i / 180 if i % 5 == 3 else 0
+        count = (lambda n: str(n) if n < 10000 else f"{n / 1000:.1f}k")
+        assert row["cells"] == [f"10.0.0.{i + 10} #{0xa00 + i:x}", f"{100 * share:.0f}%", count(1000 * i + 7),
+                                str(23 * i), str(int(i % 5 == 3)), str(2 * (i % 5 == 3)), str(int(3.5 * i + 0.5))], (k, row)
+        assert row["bar"] == pytest.approx(share, abs=0.02), (k, row)
 
 
 def check_long_rows_and_a_big_pool(page) -> None:

@@ -16,7 +16,7 @@ from minipaged.bench import drum
 from minipaged.bench import replacement
 from minipaged.bench import decode, kernel, latency, memory, paper, projections, serve, sharing, speculative, throughput
 from minipaged.bench import scheduling, thrashing
-from minipaged.bench import kv_dtype
+from minipaged.bench import kv_dtype, structured
 from minipaged.bench.common import OptionError, check_output_files
 
 DESCRIPTION = """\
@@ -79,6 +79,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
                  "compressed memory: the 8-bit KV cache (kv_cache_dtype int8, fp8) vs full precision: frames "
                  "per GiB, greedy agreement per prompt (first divergence), perplexity change, decode tok/s "
                  "(--kernel: v7's GB/s on a GPU)", "about 30 s"),
+    "structured": (structured.bench_structured, structured.add_arguments,
+                   "automata: structured output (a JSON schema, any JSON object, a regex, a choice) on the real "
+                   "model, the share of answers that parse and fit without and with the automaton's mask, and "
+                   "what the mask costs per step at batch 1 and 16", "about 2 min"),
     "drum": (drum.bench_drum, drum.add_arguments,
              "the drum: prefix-cache blocks the KV pool evicts kept in a tier of host frames "
              "(kv_offload_frames) or a file: time to first token of returning chat turns, with and "

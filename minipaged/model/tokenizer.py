@@ -47,10 +47,11 @@ class Tokenizer:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False) -> str:
+                            continue_final_message: bool = False, tools: list | None = None) -> str:
         """The prompt string for a conversation, exactly as transformers renders it; with
         continue_final_message, it ends where the last message's content ends (transformers'
-        way), so that the model continues that message instead of starting a new one."""
+        way), so that the model continues that message instead of starting a new one. `tools`
+        (OpenAI's function list) go to the template, which shows them if it knows how."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer_config.json has no chat_template; "
                              "use generate() with a plain prompt instead of chat()")
@@ -59,16 +60,17 @@ class Tokenizer:
                 raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {message!r}")
         try:
             text = self._template.render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                 **{k: v for k, v in self.special_tokens.items() if v is not None})
         except jinja2.TemplateError as error:  # the template's raise_exception(): it refuses this conversation
             raise ValueError(f"the chat template refused the conversation: {error}") from None
         return open_end(text, messages[-1]["content"]) if continue_final_message and messages else text
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+                    continue_final_message: bool = False, add_special_tokens: bool = False,
+                    tools: list | None = None) -> list[int]:
         # the template already wrote the special tokens: the tokenizer adds its BOS again only when asked
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, continue_final_message),
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, continue_final_message, tools),
                            add_special_tokens=add_special_tokens)
 
     def token_strings(self, token_ids) -> list[str]:

@@ -15,7 +15,7 @@ from minipaged.policies.batching import CONTINUOUS, STATIC, Batching
 from minipaged.policies.defaults import FCFS, Greedy, Newest
 from minipaged.policies.fair import Fair, MostServed
 from minipaged.policies.priority import LeastUrgent, Priority
-from minipaged.policies.protocols import Admission, Lookahead, Victim, WaitingOrder
+from minipaged.policies.protocols import Admission, Constraint, Lookahead, Victim, WaitingOrder
 from minipaged.policies.sjf import SJF, Aging
 from minipaged.policies.working_set import WorkingSet
 
@@ -28,6 +28,7 @@ SEAMS = {
     "preemption_victim": {p.name: p for p in (Newest, LeastUrgent)},  # (most-served: fair's own)
     "prefix_cache_policy": REPLACEMENT_POLICIES,
     "scheduler": {b.name: b for b in (CONTINUOUS, STATIC)},  # batching: built-in, no plug-in
+    "structured_outputs_backend": {"automata": "minipaged.structured:Automata"},  # imported when an engine is built
 }
 WAITING_ORDERS = tuple(SEAMS["scheduling_policy"])
 ADMISSIONS = tuple(SEAMS["admission"])
@@ -36,19 +37,24 @@ ADMISSIONS = tuple(SEAMS["admission"])
 def make(option: str, spec, **settings):
     """The policy `spec` names for `option`: a name from SEAMS[option], a "module:Class" path,
     or an object (returned as it is). A class is built with those of `settings` it accepts."""
-    if not isinstance(spec, str):
-        return spec
-    table = SEAMS[option]
-    if ":" in spec:
-        cls = load(option, spec)
-    elif spec in table:
-        cls = table[spec]
-    else:
-        raise ValueError(f"{option} must be one of {tuple(table)} or a 'module:Class' path, got {spec!r}")
+    cls = resolve(option, spec)
     if not inspect.isclass(cls):
         return cls
     accepted = inspect.signature(cls).parameters
     return cls(**{k: v for k, v in settings.items() if k in accepted})
+
+
+def resolve(option: str, spec):
+    """The class (or object) `spec` names for `option`, not yet built: a ValueError naming the
+    option's policies when it names none."""
+    if not isinstance(spec, str):
+        return spec
+    if ":" in spec:
+        return load(option, spec)
+    if spec not in SEAMS[option]:
+        raise ValueError(f"{option} must be one of {tuple(SEAMS[option])} or a 'module:Class' path, got {spec!r}")
+    found = SEAMS[option][spec]
+    return load(option, found) if isinstance(found, str) else found
 
 
 def load(option: str, path: str):
@@ -125,6 +131,7 @@ def check_request(order, lookahead, priority, beam_width: int) -> None:
                          "beams fork at every token, guesses need one sequence; use n instead")
 
 
-__all__ = ["SEAMS", "WAITING_ORDERS", "ADMISSIONS", "make", "load", "name_of", "scheduler_policies", "listener", "check_options",
+__all__ = ["SEAMS", "WAITING_ORDERS", "ADMISSIONS", "make", "resolve", "load", "name_of", "scheduler_policies", "listener", "check_options",
            "check_request", "Batching", "CONTINUOUS", "STATIC", "FCFS", "SJF", "Aging", "Priority", "Greedy",
-           "WorkingSet", "Newest", "LeastUrgent", "Fair", "MostServed", "WaitingOrder", "Admission", "Victim", "Lookahead"]
+           "WorkingSet", "Newest", "LeastUrgent", "Fair", "MostServed", "WaitingOrder", "Admission", "Victim", "Lookahead",
+           "Constraint"]

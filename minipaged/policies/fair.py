@@ -57,6 +57,10 @@ class Fair:
             self.lift(request.client)
         self.unfinished.setdefault(request.client, set()).add(request)
 
+    def service(self) -> dict[str, float]:
+        """Each client's counter as it stands (a copy, for the dashboard to show): client -> service."""
+        return dict(self.counters)
+
     def victim(self):
         return MostServed(self)
 

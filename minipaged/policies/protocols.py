@@ -60,3 +60,18 @@ class Lookahead(Protocol):
 
     def settle(self, row, kept: list[int]) -> None:
         """The row's extra slots hold `kept` (its kept extra tokens); roll back the rest."""
+
+
+class Constraint(Protocol):
+    """The tokens one sequence may take next: structured output's automaton at its state. The
+    backend (EngineConfig.structured_outputs_backend) compiles one per request with
+    `compile(StructuredOutputsParams) -> Constraint`; each sequence holds its own fork."""
+
+    def allowed(self):
+        """A bool array (vocab,): True for each token the sequence may take now."""
+
+    def advance(self, token: int) -> None:
+        """The sequence took `token` (each kept token, in order)."""
+
+    def fork(self) -> Constraint:
+        """An independent copy at the same state (another sample; a walk over guesses)."""

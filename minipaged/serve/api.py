@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from minipaged import policies
-from minipaged.serve import logprobs, protocol
+from minipaged.serve import logprobs, protocol, tools
 from minipaged.serve.dashboard import Dashboard, page
 from minipaged.serve.loop import EngineLoop, Update
 from minipaged.serve.metrics import Metrics
@@ -89,6 +89,7 @@ class Server:
         self.max_model_len, self.max_num_seqs = engine.max_model_len, engine.config.max_num_seqs
         self.num_frames, self.block_size = engine.blocks.num_frames, engine.blocks.block_size
         self.vocab_size = engine.model.config.vocab_size  # for the schema: the engine checks token ids
+        self.constrainer = engine.constrainer  # structured output's compiler: a bad regex is a 400 at the door
         order = engine.scheduler.order  # a request's `priority` needs a waiting order that reads it
         self.uses_priority, self.order_name = getattr(order, "uses_priority", False), policies.name_of(order)
         self.metrics = Metrics(config.model_name, self.max_model_len,
@@ -283,7 +284,10 @@ class Server:
         """A conversation's prompt ids, through the model's chat template (vLLM's options)."""
         try:
             return self.tokenizer.encode_chat(body.conversation(), body.add_generation_prompt,
-                                              body.continue_final_message, body.add_special_tokens)
+                                              body.continue_final_message, body.add_special_tokens,
+                                              body.tool_plan.template_tools())
+        except tools.BadStructure as error:
+            raise APIError(400, str(error), error.field) from None
         except ValueError as error:  # no chat template, or a conversation the template refuses
             raise APIError(400, str(error), "messages") from None
 
@@ -437,14 +441,20 @@ class Server:
         try:
             params = body.sampling_params(max_tokens)
         except ValueError as error:
-            field = str(error).split()[0]
-            raise APIError(400, str(error), field if field in SAMPLING_FIELDS else None) from None
+            field = getattr(error, "field", None) or str(error).split()[0]  # tools.BadStructure names its field
+            raise APIError(400, str(error), field if field in SAMPLING_FIELDS or hasattr(error, "field") else None) \
+                from None
         for field, what, ids in (("stop_token_ids", "entry", params.stop_token_ids),
                                  ("logit_bias", "key", params.logit_bias)):
             bad = [t for t in ids if not 0 <= t < self.vocab_size]  # as vLLM says it: the id and the size
             if bad:
                 raise APIError(400, f"{field} {what} {bad[0]} is out of vocabulary (this model's vocabulary "
                                f"size is {self.vocab_size}: ids 0..{self.vocab_size - 1})", field)
+        if params.structured_outputs is not None:  # compiled once here (cached): its errors name the field
+            try:
+                self.constrainer().compile(params.structured_outputs)
+            except ValueError as error:
+                raise APIError(400, str(error), tools.field_of(body)) from None
         if longest + params.max_tokens > self.max_model_len:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
                            f"However, you requested {longest + params.max_tokens} tokens ({longest} in "
@@ -484,7 +494,7 @@ class Server:
         outputs = await run.outputs()
         choice = partial(protocol.chat_choice, role=body.role) if chat else protocol.completion_choice
         echo = self._chat_echo(body) if chat else ""
-        choices = [choice(i * params.n + c.index, echo + c.text, c.finish_reason, c.stop_reason)  # echo, logprobs
+        choices = [tool_calls(body, choice(i * params.n + c.index, echo + c.text, c.finish_reason, c.stop_reason))
                    | self._token_ids(body, output.prompt_token_ids, c.token_ids, chat)
                    | (logprobs.chat_fields(body, c, self.tokenizer) if chat else
                       logprobs.completion_fields(body, output, c, self.tokenizer))
@@ -510,6 +520,16 @@ class Server:
         """vLLM's chat echo: the answer starts with the last message's content when that message
         has the answer's role (continue_final_message: the answer continues it)."""
         return body.messages[-1].text() if body.echo and body.messages[-1].role == body.role else ""
+
+
+def tool_calls(body, choice: dict) -> dict:
+    """A chat choice whose text is a tool call (tools and tool_choice) answered as `tool_calls`."""
+    plan = getattr(body, "tool_plan", None)
+    if plan is None or plan.mode == "none":
+        return choice
+    fields, choice["finish_reason"] = plan.answer(choice["message"]["content"], choice["finish_reason"])
+    choice["message"] = {"role": choice["message"]["role"]} | fields
+    return choice
 
 
 class ClientSlots:
@@ -620,6 +640,7 @@ class Run:
         prompt_of = {request_id: i for i, request_id in enumerate(self.ids)}
         prompt_lens = [len(p["prompt_token_ids"]) for p in self.prompts]
         tokens, done, started = Counter(), set(), set()  # per choice: its tokens so far; finished; given ids
+        shape = tools.StreamShape(body.tool_plan) if chat else None  # content, or tool calls
         completion_tokens = 0
 
         def event(index: int | None, choice: dict, ids=None) -> str:
@@ -647,7 +668,10 @@ class Run:
             reason, stop = (completion.finish_reason, completion.stop_reason) if completion else (None, None)
             if completion is not None:
                 done.add(index)
-            choice = protocol.chat_delta(index, {"content": piece}, reason, stop) if chat else \
+            delta = shape.delta(index, piece, completion is not None) if chat else None
+            if chat and delta is None:
+                return ""  # held until the choice ends ("auto", "required": calls or text)
+            choice = protocol.chat_delta(index, delta, shape.finish_reason(index, reason), stop) if chat else \
                 protocol.completion_choice(index, piece, reason, stop)
             if top is not None and steps is not None:  # the logprobs of this chunk's tokens
                 if chat:
@@ -661,8 +685,8 @@ class Run:
         def finish(index: int, completion) -> str:
             done.add(index)
             reason, stop = completion.finish_reason, completion.stop_reason
-            return event(index, protocol.chat_delta(index, {"content": ""}, reason, stop) if chat else
-                         protocol.completion_choice(index, "", reason, stop))
+            return event(index, protocol.chat_delta(index, shape.delta(index, "", True), shape.finish_reason(index, reason),
+                                                    stop) if chat else protocol.completion_choice(index, "", reason, stop))
 
         if chat:  # vLLM's first chunks: each choice's role, then what echo repeats
             for index in range(len(self.ids) * n):

@@ -1,4 +1,5 @@
-"""Snapshots of the engine for the live dashboard: frame map, page tables, queues, timeline.
+"""Snapshots of the engine for the live dashboard: frame map, page tables, queues, timeline,
+each client's service.
 
 A watcher of the engine loop: after a step it publishes one plain dict, which dashboard.html
 receives as a server-sent event and a notebook can fetch as JSON (/dashboard/snapshot).
@@ -9,6 +10,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from importlib import resources
+
+from minipaged.serve.clients import OTHER, ClientNames, served_tokens
 
 # Colours a room tells apart from the back: every pair is at least 35 apart in CIE Lab (the
 # pictures' ten colours hold two teals 4 apart), and each is far from the greys of free,
@@ -102,17 +105,25 @@ class Dashboard:
         self.latest: dict | None = None  # replaced, never changed: readers on other threads are safe
         self.public: dict | None = None  # latest without prompts and answers
         self.version, self.published = 0, 0.0
+        # each client's service: tokens of its requests that left, its tokens of the last WINDOW s
+        self.names = ClientNames()
+        self.served: dict[str, list[int]] = {}     # client's name -> [prompt, output] tokens of requests that left
+        self.client_of: dict[str, str] = {}        # request id -> its client, for requests seen and not finished
+        self.window: deque[tuple[float, dict[str, int]]] = deque()  # (time, client's name -> tokens computed)
 
     # ---- the engine loop's watcher interface (engine thread) ---------------------------------
     def stepped(self, engine, report, idle: bool) -> None:
         now = time.perf_counter()
         if report is not None:
             self._record(report, now)
+            self._record_clients(engine, report, now)
         for request_id in self.ending:  # the loop tells finished() before the step's report
             self.styles.release(request_id)
+            self.client_of.pop(request_id, None)
         self.ending.clear()
         if idle:
             self.recent.clear()
+            self.window.clear()
             self.busy_since = None
         if idle or now - self.published >= self.interval:
             latest = self.snapshot(engine, now)
@@ -123,8 +134,15 @@ class Dashboard:
             self.version, self.published = self.version + 1, time.perf_counter()
 
     def finished(self, output, stream) -> None:
+        """A request left: its tokens go to its client's service (the loop's record names the
+        client; outside a server, the engine named it at an earlier step)."""
         self.totals["finished"] += 1
         self.ending.append(output.request_id)
+        client = stream.client if stream is not None else self.client_of.get(output.request_id, "")
+        self.client_of[output.request_id] = client  # its last step's tokens are counted after this
+        served = self.served.setdefault(self.names.of(client), [0, 0])
+        for i, tokens in enumerate(served_tokens(output, stream)):
+            served[i] += tokens
 
     def _record(self, report, now: float) -> None:
         self.totals["steps"] += 1
@@ -142,6 +160,19 @@ class Dashboard:
                               "padded": [rid for rid, _ in report.padded],
                               # speculative decoding: per row, its guessed slots and how many were kept
                               "guesses": [[rid, index, guessed, kept] for rid, index, guessed, kept in report.guesses]})
+
+    def _record_clients(self, engine, report, now: float) -> None:
+        """The tokens each client's rows computed this step (prompt and output alike), kept WINDOW s."""
+        tokens: dict[str, int] = {}
+        for rid, _, _, n in report.ran:
+            request = engine.requests.get(rid)  # a request that finished this step is gone: finished() named it
+            if request is not None:
+                self.client_of[rid] = request.client
+            name = self.names.of(self.client_of.get(rid, ""))
+            tokens[name] = tokens.get(name, 0) + n
+        self.window.append((now, tokens))
+        while self.window[0][0] < now - WINDOW:
+            self.window.popleft()
 
     def tokens_per_s(self, now: float) -> float:
         """Tokens sampled per second over the last WINDOW seconds of this busy spell; 0 when idle."""
@@ -173,6 +204,7 @@ class Dashboard:
             "requests": [self._request(r, status, blocks) for r, status in requests],
             "queues": {name: [r.request_id for r in queue] for name, queue in queues.items()},
             "timeline": list(self.timeline),
+            "clients": self._clients(engine, queues, now),
             "counters": {
                 "tokens_per_s": self.tokens_per_s(now), "window_s": WINDOW,
                 "kv_usage": round(1 - blocks.num_free_frames / blocks.num_frames, 4),
@@ -182,6 +214,40 @@ class Dashboard:
                 "guessed": self.totals["guessed"], "guesses_kept": self.totals["kept"],
             },
         }
+
+    def _clients(self, engine, queues: dict, now: float) -> list[dict]:
+        """Each client's service, in arrival order: prompt and output tokens served (requests that
+        left, and what the live ones were served so far), its requests running and waiting (swapped
+        ones wait too), its share of the tokens computed over the last WINDOW s, and the waiting
+        order's counter of it if the order keeps one (fair queuing's `service()`), else None."""
+        rows: dict[str, dict] = {}
+
+        def row(name: str) -> dict:
+            prompt, output = self.served.get(name, (0, 0))
+            return rows.setdefault(name, {"name": name, "prompt_tokens": prompt, "output_tokens": output,
+                                          "running": 0, "waiting": 0, "recent_tokens": 0, "share": 0.0, "counter": None})
+
+        for name in self.served:
+            row(name)
+        for status, queue in queues.items():
+            for request in queue:
+                view = row(self.names.of(request.client))
+                view["running" if status == "running" else "waiting"] += 1
+                if status != "waiting" or request.request_id in self.styles.live:  # it ran: served so far
+                    view["prompt_tokens"] += len(request.prompt_token_ids)
+                    view["output_tokens"] += sum(len(seq.output_ids) for seq in request.seqs)
+        recent = [(name, n) for t, tokens in self.window if t >= now - WINDOW for name, n in tokens.items()]
+        total = sum(n for _, n in recent)
+        for name, n in recent:
+            row(name)["recent_tokens"] += n
+        for view in rows.values():
+            view["share"] = round(view["recent_tokens"] / total, 4) if total else 0.0
+        service = getattr(engine.scheduler.order, "service", None)  # fair queuing's counters, if the order keeps them
+        for client, value in (service() if callable(service) else {}).items():
+            name = self.names.of(client)
+            if name != OTHER:  # OTHER folds many clients: no one counter
+                row(name)["counter"] = round(value, 1)
+        return sorted(rows.values(), key=lambda view: self.names.rank(view["name"]))
 
     def _request(self, request, status: str, blocks) -> dict:
         seqs = []

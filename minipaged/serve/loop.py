@@ -39,6 +39,7 @@ class Stream:
     queue: asyncio.Queue
     arrival: float
     params: object = None                               # its SamplingParams (n, max_tokens for the metrics)
+    client: str = ""                                    # who sent it (Server._client): each client's service
     sent: dict[int, int] = field(default_factory=dict)  # sequence index -> characters handed out
     ids_sent: dict[int, int] = field(default_factory=dict)  # sequence index -> tokens handed out
     finished: set[int] = field(default_factory=set)     # sequences whose finish was handed out
@@ -82,7 +83,8 @@ class EngineLoop:
         names who sent it (Server._client)."""
         self.accepted += 1
         self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, done=done), priority,
+                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, client=client,
+                               done=done), priority,
                         client))
 
     def abort(self, request_id: str) -> None:

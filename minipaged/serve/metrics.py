@@ -12,6 +12,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
+from minipaged.serve.clients import ClientNames, served_tokens
+
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so the histograms line up with its dashboards
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -80,6 +82,11 @@ class Metrics:
         self.draft_tokens = metric(Counter, "spec_decode_num_draft_tokens", "Guessed tokens checked by the model.")
         self.accepted_tokens = metric(Counter, "spec_decode_num_accepted_tokens",
                                       "Guessed tokens the model agreed with and kept.")
+        # each client's service (clients named as on the dashboard: never by key; 64 apart, then "other")
+        self.client_tokens = Counter("minipaged:client_tokens", "Tokens served to each client by its requests that "
+                                     "left: kind=prompt (once per request that ran) or output.",
+                                     ["model_name", "client", "kind"], registry=registry)
+        self.names = ClientNames()
         self.model_name = model_name
         self.iteration_tokens = metric(Histogram, "iteration_tokens_total", "Tokens computed per engine step.",
                                        buckets=TOKEN_BUCKETS)
@@ -152,6 +159,8 @@ class Metrics:
         self.success.labels(self.model_name, reason).inc()
         self.request_prompt_tokens.observe(prompt)
         self.request_generation_tokens.observe(generated)
+        for kind, tokens in zip(("prompt", "output"), served_tokens(output, stream)):
+            self.client_tokens.labels(self.model_name, self.names.of(stream.client), kind).inc(tokens)
         if stream.params is not None:
             self.params_n.observe(stream.params.n)
             self.params_max_tokens.observe(stream.params.max_tokens)

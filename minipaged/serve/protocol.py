@@ -11,10 +11,11 @@ import json
 import time
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from minipaged.engine import check_text
 from minipaged.sampling import MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
+from minipaged.serve import tools
 
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                405: "MethodNotAllowedError", 413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError",
@@ -114,6 +115,15 @@ class SamplingFields(Strict):
                                                 "to [-100, 100], as vLLM does)")
     prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description="vLLM's extension: the logprob of "
                                                                "each prompt token, and this many likeliest")
+    # structured output (minipaged/serve/tools.py reads them into one StructuredOutputsParams)
+    structured_outputs: dict | None = Field(None, description="vLLM's: one of {json: schema}, {regex: ...}, "
+                                            "{choice: [...]}, {json_object: true}; the answer is held to it")
+    response_format: dict | None = Field(None, description='OpenAI\'s: {"type": "text" | "json_object" | '
+                                         '"json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+    guided_json: dict | str | None = Field(None, description="older vLLM's structured_outputs.json")
+    guided_regex: str | None = Field(None, description="older vLLM's structured_outputs.regex")
+    guided_choice: list[str] | None = Field(None, description="older vLLM's structured_outputs.choice")
+    guided_grammar: str | None = Field(None, description="older vLLM's structured_outputs.grammar (refused)")
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's SamplingParams (ValueError naming the field when a value is out of range)."""
@@ -124,7 +134,12 @@ class SamplingFields(Strict):
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               min_p=self.min_p or 0.0, min_tokens=self.min_tokens, logit_bias=self.token_bias(),
-                              logprobs=self.num_logprobs, prompt_logprobs=self.num_prompt_logprobs)
+                              logprobs=self.num_logprobs, prompt_logprobs=self.num_prompt_logprobs,
+                              structured_outputs=self.structure())
+
+    def structure(self):
+        """The StructuredOutputsParams this request asks for, or None (BadStructure: a 400)."""
+        return tools.spec_of(self)
 
     def token_bias(self) -> dict[int, float]:
         """logit_bias with token ids for keys, each bias clamped to [-100, 100] as vLLM does."""
@@ -190,11 +205,27 @@ Role = Literal["system", "user", "assistant", "developer", "tool"]  # vLLM hands
 
 class ChatMessage(Strict):
     role: Role
-    content: str | Annotated[list[ContentPart], Field(min_length=1)]  # required, as OpenAI's API has it
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls, shown to the template
+    content: str | Annotated[list[ContentPart], Field(min_length=1)] | None  # required (null: tool calls only)
     name: str | None = None
+    tool_call_id: str | None = None       # a tool's answer: to which call
+
+    @field_validator("content")
+    @classmethod
+    def _content_or_calls(cls, content, info):
+        if content is None and not info.data.get("tool_calls"):
+            raise ValueError("content must be text (null only in an assistant message with tool_calls)")
+        return content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict:
+        """The message as the chat template reads it (with its tool calls, if any)."""
+        extra = {name: getattr(self, name) for name in ("tool_calls", "tool_call_id") if getattr(self, name)}
+        return {"role": self.role, "content": self.text()} | extra
 
 
 class Conversation(Strict):
@@ -204,9 +235,19 @@ class Conversation(Strict):
     continue_final_message: bool = Field(False, description="vLLM's extension: leave the last message open, "
                                          "for the model to continue (add_generation_prompt must be false)")
     add_special_tokens: bool = Field(False, description="vLLM's extension: a BOS on top of the template's")
+    tools: list[dict] | None = Field(None, description='OpenAI\'s: [{"type": "function", "function": {"name": '
+                                     '..., "parameters": {...}}}]')
+    tool_choice: str | dict | None = Field(None, description='"none", "auto" (the default with tools), '
+                                           '"required", or {"type": "function", "function": {"name": ...}}')
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def tool_plan(self) -> tools.ToolPlan:
+        """What tools and tool_choice ask (BadStructure: a 400 naming the field)."""
+        return tools.ToolPlan(self.tools, self.tool_choice)
 
     def conversation(self) -> list[dict]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [m.for_template() for m in self.messages]
 
 
 class ChatCompletionRequest(Conversation, SamplingFields):
@@ -215,6 +256,15 @@ class ChatCompletionRequest(Conversation, SamplingFields):
                                                             "tokens at each position (needs logprobs)")
     echo: bool = Field(False, description="vLLM's extension: the answer starts with the last message's "
                        "content when that message has the answer's role")
+
+    def structure(self):
+        """A named function or "required" holds the answer to its schema; else as SamplingFields."""
+        plan = self.tool_plan
+        if plan.holds and tools.spec_of(self) is not None:
+            raise tools.BadStructure("tool_choice", f"tool_choice {self.tool_choice!r} holds the answer to the "
+                                     "tools' schema: it cannot be given with another format (response_format, "
+                                     "structured_outputs)")
+        return plan.spec() if plan.holds else tools.spec_of(self)
 
     @property
     def role(self) -> str:
@@ -313,16 +363,14 @@ def kind_of(value) -> str:
     return kind if value is None or isinstance(value, (list, dict)) else f"{kind} {value!r:.60}"
 
 
-STRUCTURED = "structured output (JSON, a schema, a grammar) comes with the automata meeting"
 NOT_YET = {  # vLLM's fields that minipaged lacks: (their neutral values, why); any other value is a 400
-    "response_format": ((None, {"type": "text"}), STRUCTURED),
-    **{name: ((None,), STRUCTURED) for name in ("structured_outputs", "guided_json", "guided_regex",
-                                                "guided_choice", "guided_grammar", "structural_tag")},
-    **{name: (neutral, "tool calls come with the automata meeting (a call is structured output)")
-       for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none")), ("functions", (None, [])),
-                             ("function_call", (None, "none")))},
-    "allowed_token_ids": ((None,), "sampling constraints come with the automata meeting"),
-    "bad_words": ((None, []), "sampling constraints come with the automata meeting"),
+    "structural_tag": ((None,), "structural tags (text around held JSON) are not built; use response_format "
+                       "or structured_outputs"),
+    **{name: (neutral, "OpenAI's legacy function calls: use tools and tool_choice")
+       for name, neutral in (("functions", (None, [])), ("function_call", (None, "none")))},
+    "allowed_token_ids": ((None,), "a list of allowed tokens is not built; structured_outputs.choice or .regex "
+                          "holds the answer to a set of texts"),
+    "bad_words": ((None, []), "banned words are not built; logit_bias with -100 bans a token"),
     "use_beam_search": ((None, False), "the server samples; beam search is LLM.generate's "
                         "(SamplingParams(beam_width=...))"),
     "include_stop_str_in_output": ((None, False), "a stop string is always cut from the text"),
