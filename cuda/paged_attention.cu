@@ -19,7 +19,10 @@ obvious kernel and each later version adds one idea, saying what it buys and wha
     v6  + split-KV: long contexts cut into partitions, merged by log-sum-exp
     v7  v5 over an 8-bit cache: int8 codes and an fp16 scale per (slot, KV head), decoded in
         registers (kv_cache_dtype="int8"): about half the bytes of fp16, a quarter of fp32
-Prefill (many queries per sequence, causal): paged_prefill, at the end of the file.
+    write_kv_int8: the new tokens' K/V rows coded into an 8-bit cache (write_kv of cache_ops.cu
+        for float and __half caches)
+Prefill (many queries per sequence, causal): paged_prefill, and paged_prefill_int8 over an 8-bit
+cache, at the end of the file.
 
 Every kernel runs NUM_THREADS = 128 threads per block and accumulates in fp32; HEAD_DIM is 64 or
 128; block_size is any value (8, 16 and 32 are tested); positions past a context are never read.
@@ -615,6 +618,60 @@ __global__ void paged_attention_v7(
 }
 
 // ================================================================================================
+// write_kv_int8: write_kv (cuda/cache_ops.cu) for v7's 8-bit cache: each new token's K and V rows
+// are coded on their way into their slot, bit for bit as minipaged/attention/reference.py's
+// write_coded codes them, so a GPU run and a CPU run store the same bytes:
+//     scale = max|x| / 127, rounded to fp16;  code = x / scale rounded to nearest even, in -127..127
+// (the division is by the fp16 scale read back as a float, and a scale of 0, a row of zeros,
+// codes 0). A row's codes depend on that row alone: a token written in a prefill, a decode step or
+// after a preemption gets the same codes. One block per new token (-1 in slot_mapping: nothing is
+// written); its 4 warps take the 2 * num_kv_heads rows (K of every KV head, then V), a warp per
+// row, lane i holding elements i, i + 32, ...: the row's max is a butterfly, then each lane codes
+// its own elements. Cost: one pass over the row in registers, nothing in shared memory.
+constexpr float CODE_MAX = 127.0f;                   // the largest int8 code used (-128 never is)
+
+template <typename T, int HEAD_DIM>
+__device__ void code_row(const T* x, signed char* codes, __half* scale) {
+    constexpr int PER_LANE = HEAD_DIM / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
+    float values[PER_LANE], largest = 0.0f;
+    for (int i = 0; i < PER_LANE; i++) {
+        values[i] = to_float(x[lane + i * WARP_SIZE]);
+        largest = fmaxf(largest, fabsf(values[i]));
+    }
+    largest = butterfly<1, WARP_SIZE>(largest, Max());
+    const __half row_scale = __float2half(largest / CODE_MAX);
+    const float step = to_float(row_scale) > 0.0f ? to_float(row_scale) : 1.0f;
+    for (int i = 0; i < PER_LANE; i++) {       // IEEE division (CuPy does not pass -use_fast_math)
+        const float code = fminf(fmaxf(values[i] / step, -CODE_MAX), CODE_MAX);
+        codes[lane + i * WARP_SIZE] = (signed char)rintf(code);   // rintf: half to even, as np.rint
+    }
+    if (lane == 0) *scale = row_scale;
+}
+
+template <typename T, int HEAD_DIM>
+__global__ void write_kv_int8(
+    signed char* __restrict__ k_cache,     // [num_blocks, block_size, num_kv_heads, HEAD_DIM]
+    signed char* __restrict__ v_cache,
+    __half* __restrict__ k_scales,         // [num_blocks, block_size, num_kv_heads]
+    __half* __restrict__ v_scales,
+    const T* __restrict__ k,               // [num_tokens, num_kv_heads, HEAD_DIM]
+    const T* __restrict__ v,
+    const int* __restrict__ slot_mapping,  // [num_tokens]
+    int num_kv_heads) {
+    const long long token = blockIdx.x, slot = slot_mapping[token];
+    if (slot < 0) return;                                      // a padding token: the block leaves
+    for (int r = threadIdx.x / WARP_SIZE; r < 2 * num_kv_heads; r += NUM_WARPS) {  // per warp
+        const bool is_v = r >= num_kv_heads;
+        const int kv_head = r % num_kv_heads;
+        const long long src = token * num_kv_heads + kv_head, dst = slot * num_kv_heads + kv_head;
+        code_row<T, HEAD_DIM>((is_v ? v : k) + src * HEAD_DIM,
+                              (is_v ? v_cache : k_cache) + dst * HEAD_DIM,
+                              (is_v ? v_scales : k_scales) + dst);
+    }
+}
+
+// ================================================================================================
 // Prefill: many query tokens per sequence (a prompt, the rest of a prompt after a prefix-cache
 // hit, or one chunk of a long prompt under enable_chunked_prefill: any suffix of the context so
 // far). Sequence i's queries are rows query_start_loc[i] .. query_start_loc[i+1] of q: the last
@@ -630,25 +687,57 @@ constexpr int PREFILL_LANES = 8;                             // lanes per query 
 constexpr int PREFILL_ROWS = NUM_THREADS / PREFILL_LANES;    // 16 query rows per block
 constexpr int KEY_TILE = 32;                                 // keys per tile in shared memory
 
-// Stage the K and V rows of positions first .. first + count - 1 in shared memory, as floats.
+// What prefill reads K/V through: a full-precision cache's rows (PagedRows), or an 8-bit cache's
+// codes with their scales (CodedRows, kv_cache_dtype="int8"). load_kv turns 16 bytes of a row into
+// floats either way; the codes are decoded in registers, as in v7, so only 8-bit codes cross the
+// memory bus, and everything after load_tile (shared memory, the softmax) is the same code.
+// (PagedRows stays as it is: lab 5 swaps in a participant's struct of the same declaration.)
+template <int HEAD_DIM>
+struct CodedRows {
+    PagedRows<signed char, HEAD_DIM> codes;
+    const __half* scales;        // [num_blocks, block_size, num_kv_heads], one per row of codes
+};
+
+// Values in one 16-byte load of a row: 4 floats or 8 halves (PagedRows), 16 codes (CodedRows).
+template <typename Rows> struct PerLoad;
+template <typename T, int HEAD_DIM> struct PerLoad<PagedRows<T, HEAD_DIM>> {
+    static constexpr int SIZE = Packed16<T>::SIZE;
+};
+template <int HEAD_DIM> struct PerLoad<CodedRows<HEAD_DIM>> {
+    static constexpr int SIZE = Packed16<signed char>::SIZE;
+};
+
 template <typename T, int HEAD_DIM>
-__device__ void load_tile(PagedRows<T, HEAD_DIM> rows, int first, int count,
-                          float (*tile)[HEAD_DIM]) {
-    constexpr int VEC = Packed16<T>::SIZE, PER_ROW = HEAD_DIM / VEC;
+__device__ __forceinline__ void load_kv(PagedRows<T, HEAD_DIM> rows, int pos, int d, float* dst) {
+    unpack(load16(rows[pos] + d), dst);
+}
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void load_kv(CodedRows<HEAD_DIM> rows, int pos, int d, float* dst) {
+    const PagedRows<signed char, HEAD_DIM>& codes = rows.codes;
+    const long long slot = (long long)codes.block_table[pos / codes.block_size] * codes.block_size +
+                           pos % codes.block_size;
+    const float scale = to_float(rows.scales[slot * codes.num_kv_heads + codes.kv_head]);
+    unpack(load16(codes[pos] + d), dst);
+    for (int i = 0; i < PerLoad<CodedRows<HEAD_DIM>>::SIZE; i++) dst[i] *= scale;
+}
+
+// Stage the K and V rows of positions first .. first + count - 1 in shared memory, as floats.
+template <typename Rows, int HEAD_DIM>
+__device__ void load_tile(Rows rows, int first, int count, float (*tile)[HEAD_DIM]) {
+    constexpr int VEC = PerLoad<Rows>::SIZE, PER_ROW = HEAD_DIM / VEC;
     for (int e = threadIdx.x; e < count * PER_ROW; e += NUM_THREADS) {
         const int j = e / PER_ROW, d = e % PER_ROW * VEC;
-        unpack(load16(rows[first + j] + d), &tile[j][d]);
+        load_kv(rows, first + j, d, &tile[j][d]);
     }
 }
 
-template <typename T, int HEAD_DIM>
-__global__ void paged_prefill(
-    T* __restrict__ out,                   // [num_tokens, num_heads, HEAD_DIM]
-    const T* __restrict__ q,               // [num_tokens, num_heads, HEAD_DIM]
-    const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-    const int* __restrict__ block_tables, const int* __restrict__ context_lens,
-    const int* __restrict__ query_start_loc,   // [num_seqs + 1]
-    int max_blocks, int block_size, int num_kv_heads, int q_per_kv, float scale) {
+// The work of one prefill block, whatever the cache holds: keys and values are the sequence's
+// rows for KV head blockIdx.y (sequence blockIdx.z), a PagedRows or a CodedRows.
+template <int HEAD_DIM, typename T, typename Rows>
+__device__ void prefill_block(T* out, const T* q, Rows keys, Rows values,
+                              const int* context_lens, const int* query_start_loc,
+                              int num_kv_heads, int q_per_kv, float scale) {
     constexpr int DIMS = HEAD_DIM / PREFILL_LANES;           // dims per lane
     const int kv_head = blockIdx.y, seq = blockIdx.z;
     const int query_start = query_start_loc[seq];
@@ -657,9 +746,6 @@ __global__ void paged_prefill(
     const int num_rows = query_len * q_per_kv;   // row r: query r / q_per_kv, head r % q_per_kv
     const int first_row = blockIdx.x * PREFILL_ROWS;
     if (first_row >= num_rows) return;           // a shorter sequence: the whole block leaves
-    const int* block_table = block_tables + seq * max_blocks;
-    const PagedRows<T, HEAD_DIM> keys{k_cache, block_table, block_size, num_kv_heads, kv_head};
-    const PagedRows<T, HEAD_DIM> values{v_cache, block_table, block_size, num_kv_heads, kv_head};
     const int lane = threadIdx.x % PREFILL_LANES;
     const int my_row = first_row + threadIdx.x / PREFILL_LANES;
     const int row = min(my_row, num_rows - 1);   // past the end: a spare copy of the last row
@@ -692,4 +778,40 @@ __global__ void paged_prefill(
     if (my_row < num_rows)
         for (int i = 0; i < DIMS; i++)
             store(out + out_row * HEAD_DIM + lane + i * PREFILL_LANES, acc[i] / l);
+}
+
+template <typename T, int HEAD_DIM>
+__global__ void paged_prefill(
+    T* __restrict__ out,                   // [num_tokens, num_heads, HEAD_DIM]
+    const T* __restrict__ q,               // [num_tokens, num_heads, HEAD_DIM]
+    const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+    const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+    const int* __restrict__ query_start_loc,   // [num_seqs + 1]
+    int max_blocks, int block_size, int num_kv_heads, int q_per_kv, float scale) {
+    const int kv_head = blockIdx.y, seq = blockIdx.z;
+    const int* block_table = block_tables + seq * max_blocks;
+    const PagedRows<T, HEAD_DIM> keys{k_cache, block_table, block_size, num_kv_heads, kv_head};
+    const PagedRows<T, HEAD_DIM> values{v_cache, block_table, block_size, num_kv_heads, kv_head};
+    prefill_block<HEAD_DIM>(out, q, keys, values, context_lens, query_start_loc, num_kv_heads,
+                            q_per_kv, scale);
+}
+
+// paged_prefill over v7's 8-bit cache: int8 codes, and k_scales, v_scales [num_blocks, block_size,
+// num_kv_heads] __half, found through the same block table entry as the codes.
+template <typename T, int HEAD_DIM>
+__global__ void paged_prefill_int8(
+    T* __restrict__ out, const T* __restrict__ q,
+    const signed char* __restrict__ k_cache, const signed char* __restrict__ v_cache,
+    const __half* __restrict__ k_scales, const __half* __restrict__ v_scales,
+    const int* __restrict__ block_tables, const int* __restrict__ context_lens,
+    const int* __restrict__ query_start_loc, int max_blocks, int block_size, int num_kv_heads,
+    int q_per_kv, float scale) {
+    const int kv_head = blockIdx.y, seq = blockIdx.z;
+    const int* block_table = block_tables + seq * max_blocks;
+    const CodedRows<HEAD_DIM> keys{{k_cache, block_table, block_size, num_kv_heads, kv_head},
+                                   k_scales};
+    const CodedRows<HEAD_DIM> values{{v_cache, block_table, block_size, num_kv_heads, kv_head},
+                                     v_scales};
+    prefill_block<HEAD_DIM>(out, q, keys, values, context_lens, query_start_loc, num_kv_heads,
+                            q_per_kv, scale);
 }

@@ -43,12 +43,14 @@ def test_no_kernel_spills_registers(compiled, arch):
 
 
 def test_loads_are_16_bytes_wide_from_v2_on(compiled):
-    """v1 reads K/V one element per instruction; v2 on (and prefill) with 16-byte vector loads."""
+    """v1 reads K/V one element per instruction; v2 on (and prefill, of 16 int8 codes too) with
+    16-byte vector loads."""
     ptx = compiled["paged_attention", "sm_90"].ptx
     wide = {name: bool(re.search(r"ld\.global(\.nc)?\.v4\.", text)) for name, text in ptx.items()}
     assert not any(wide[name] for name in wide if name.startswith("paged_attention_v1<"))
-    assert all(wide[name] for name in wide
-               if re.match(r"paged_attention_v[2-6]<|paged_prefill<", name))
+    prefills = [name for name in wide if re.match(r"paged_prefill(_int8)?<", name)]
+    assert len(prefills) == 8 and all(wide[name] for name in prefills)
+    assert all(wide[name] for name in wide if re.match(r"paged_attention_v[2-6]<", name))
 
 
 def test_a_compile_error_shows_nvrtcs_log(tmp_path):
@@ -63,3 +65,14 @@ def test_v7_loads_its_int8_codes_8_bytes_at_a_time(compiled):
     ptx = compiled["paged_attention", "sm_90"].ptx
     v7 = {name: text for name, text in ptx.items() if name.startswith("paged_attention_v7<")}
     assert v7 and all(re.search(r"ld\.global(\.nc)?\.(v4\.u16|v2\.u32|u64|v8\.u8)", text) for text in v7.values())
+
+
+def test_write_kv_int8_divides_exactly_and_rounds_half_to_even(compiled):
+    """Its codes equal NumPy's bit for bit on a GPU too: x / scale is IEEE division (div.rn, not
+    the approximate div.approx of fast math) and rintf rounds half to even (cvt.rni), as np.rint."""
+    ptx = compiled["paged_attention", "sm_90"].ptx
+    writes = {name: text for name, text in ptx.items() if name.startswith("write_kv_int8<")}
+    assert len(writes) == 4
+    for text in writes.values():
+        assert re.search(r"div\.rn(\.ftz)?\.f32", text) and "div.approx" not in text
+        assert re.search(r"cvt\.rni(\.ftz)?\.f32\.f32", text)

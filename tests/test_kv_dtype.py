@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minipaged import SamplingParams
-from minipaged.attention import emulated, kernels, reference
+from minipaged.attention import codecs, emulated, kernels, reference
 from minipaged.attention.testing import random_batch
 from minipaged.config import EngineConfig
 from minipaged.paging import KVCache, MemoryMoves, bytes_per_frame, kv_storage_dtype, num_blocks_for_memory
@@ -228,6 +228,55 @@ def test_an_8bit_run_under_pressure_equals_the_same_run_with_ample_memory(llm, o
         assert engine.blocks.tier_hits > 0
     elif not options.get("enable_chunked_prefill"):
         assert preempted > 0
+
+
+# ---- the seam: a codec of one's own ----------------------------------------------------------------
+
+class Coarse(codecs.Int8):
+    """int8 with 15 levels a side (about 5 bits): a codec that is not the built-in one, so its
+    codes show where the engine used it."""
+    name = "coarse"
+
+    def scale_of(self, rows):
+        """Each row's largest |value| / 15."""
+        return (np.abs(rows).max(axis=-1) / 15).astype(np.float16)
+
+    def encode(self, x, scale):
+        """Rounded to -15..15."""
+        return np.clip(super().encode(x, scale), -15, 15).astype(np.int8)
+
+
+def test_an_int8_codec_object_serves_the_same_tokens_as_the_name(llm):
+    named, _ = tokens(llm.new_engine(num_blocks=256, block_size=4, kv_cache_dtype="int8"), prompts(4), GREEDY)
+    engine = llm.new_engine(num_blocks=256, block_size=4, kv_cache_dtype=codecs.Int8())
+    plugged, _ = tokens(engine, prompts(4), GREEDY)
+    assert plugged == named
+    assert engine.kv.scales_of(0)["codec"] is engine.kv.codec and engine.kv.codec.name == "int8"
+    assert llm.new_engine(num_blocks=8, kv_cache_dtype="int8").kv.scales_of(0)["codec"] is None  # by its dtype
+
+
+def test_the_engine_codes_with_the_codec_it_was_given(llm):
+    engine = llm.new_engine(num_blocks=64, block_size=4, kv_cache_dtype=Coarse())
+    coarse, _ = tokens(engine, prompts(2), GREEDY)
+    used = engine.kv.data[engine.kv.scales > 0]                       # the rows written: (rows, head_dim)
+    assert used.size and np.abs(used).max() == 15                     # its codes, not int8's -127..127
+    assert engine.kv.data.dtype == np.int8 and engine.blocks.num_frames == 64
+    path, _ = tokens(llm.new_engine(num_blocks=64, block_size=4, kv_cache_dtype="test_kv_dtype:Coarse"),
+                     prompts(2), GREEDY)
+    assert path == coarse                                             # "module:Class", built with no arguments
+
+
+@pytest.mark.parametrize("codec, said", [
+    (type("Wide", (codecs.Int8,), {"dtype": np.dtype(np.float16)})(), r"its dtype is float16 \(2 bytes\); a codec stores one byte"),
+    (type("NoDecode", (), {"name": "x", "dtype": np.int8, "scale_of": len, "encode": len})(),
+     "a codec needs name, dtype, scale_of, encode, decode .* it has no usable decode"),
+    ("no_such_module:Codec", "cannot load 'Codec' from module 'no_such_module'"),
+])
+def test_a_codec_that_cannot_serve_is_refused_when_the_engine_is_built(llm, codec, said):
+    with pytest.raises(ValueError, match=said):
+        EngineConfig(kv_cache_dtype=codec)
+    with pytest.raises(ValueError, match=said):
+        llm.new_engine(kv_cache_dtype=codec)
 
 
 def test_a_bad_kv_cache_dtype_names_the_allowed_values(llm):

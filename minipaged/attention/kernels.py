@@ -26,6 +26,7 @@ PARTITION_SIZE = 512     # v6: tokens per partition of a context
 VERSIONS = (1, 2, 3, 4, 5, 6)     # over a float32/float16 cache
 CODED_VERSION = 7                 # over an 8-bit (int8) cache and its fp16 scales: v5 decoding in registers
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half"}
+CODE_CTYPE = "signed char"        # an 8-bit cache's codes: copy_blocks copies their bytes as they are
 
 
 # ---- names ---------------------------------------------------------------------------------------
@@ -48,14 +49,16 @@ def kernel_names(source: str, q_per_kv=range(1, MAX_Q_PER_KV + 1)) -> list[str]:
     v5/v6 to some group sizes): what the NVRTC check compiles and the emulated library holds."""
     if source == "cache_ops":
         return [f"{kernel}<{ctype}>" for kernel in ("write_kv", "copy_blocks")
-                for ctype in CTYPES.values()]
+                for ctype in CTYPES.values()] + [f"copy_blocks<{CODE_CTYPE}>"]
     names = []
     for dtype, ctype in CTYPES.items():
         for head_dim in HEAD_DIMS:
             names += [decode_kernel(v, dtype, head_dim, 1) for v in (1, 2, 3, 4)]
             names += [decode_kernel(v, dtype, head_dim, g) for v in (5, 6, CODED_VERSION) for g in q_per_kv]
             names += [f"paged_attention_v6_reduce<{ctype}, {head_dim}>",
-                      f"paged_prefill<{ctype}, {head_dim}>"]
+                      f"paged_prefill<{ctype}, {head_dim}>",
+                      f"paged_prefill_int8<{ctype}, {head_dim}>",    # over an 8-bit cache
+                      f"write_kv_int8<{ctype}, {head_dim}>"]         # codes rows into one
     return names
 
 
@@ -77,20 +80,27 @@ def pick_version(num_seqs: int, num_kv_heads: int, q_per_kv: int, max_context_le
 
 # ---- checks that turn a wrong call into a message ------------------------------------------------
 
-def _check_cache(cache, q_dtype=None) -> None:
+def _check_cache(cache, q_dtype=None, codes: bool = False) -> None:
+    """A full-precision cache (or, with `codes`, an int8 one too) the kernels are built for."""
     if cache.ndim != 4 or not cache.flags.c_contiguous:
         raise ValueError(f"a KV cache must be one contiguous (num_blocks, block_size, "
                          f"num_kv_heads, head_dim) array, got shape {cache.shape}")
-    if np.dtype(cache.dtype) not in CTYPES or cache.shape[3] not in HEAD_DIMS:
+    known = np.dtype(cache.dtype) in CTYPES or (codes and np.dtype(cache.dtype) == np.int8)
+    if not known or cache.shape[3] not in HEAD_DIMS:
         raise ValueError(f"the kernels are built for float32/float16 caches with head_dim in "
                          f"{HEAD_DIMS}; got {cache.dtype} and head_dim {cache.shape[3]}")
     if q_dtype is not None and np.dtype(q_dtype) != np.dtype(cache.dtype):
         raise ValueError(f"q is {q_dtype} but the cache is {cache.dtype}: use one dtype for both")
 
 
-def _layout(q, k_cache) -> tuple[int, int, int]:
-    """block_size, num_kv_heads and q_per_kv of a call, once q and the cache are checked."""
-    _check_cache(k_cache, q.dtype)
+def _layout(q, k_cache, coded: bool = False) -> tuple[int, int, int]:
+    """block_size, num_kv_heads and q_per_kv of a call, once q and the cache are checked (an
+    8-bit cache, `coded`, by _check_coded before; then q is float32 or float16)."""
+    if coded:
+        if np.dtype(q.dtype) not in CTYPES:
+            raise ValueError(f"q must be float32 or float16; got {q.dtype}")
+    else:
+        _check_cache(k_cache, q.dtype)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if q.ndim != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
         raise ValueError(f"q must be (tokens, num_heads, {head_dim}) with num_heads a multiple of "
@@ -100,6 +110,37 @@ def _layout(q, k_cache) -> tuple[int, int, int]:
 
 def _i32(xp, a):
     return xp.ascontiguousarray(xp.asarray(a), dtype=xp.int32)
+
+
+def _is_coded(codec, k_scales) -> bool:
+    """Whether a call reads or writes an 8-bit cache: codec None lets the scales say (given: int8
+    codes); a codec (a kv_cache_dtype name, or an object with a .name) must be "int8", the codes
+    the kernels read. Any other (fp8, a participant's own) runs in minipaged.attention.reference."""
+    if codec is None:
+        return k_scales is not None
+    name = codec if isinstance(codec, str) else getattr(codec, "name", codec)
+    if name != "int8":
+        raise ValueError(f"the GPU kernels read int8 codes only; kv_cache_dtype={name!r} runs on the "
+                         f"CPU (device='cpu', minipaged.attention.reference)")
+    if k_scales is None:
+        raise ValueError("codec 'int8' needs the cache's k_scales and v_scales (KVCache.scales_of)")
+    return True
+
+
+def _check_coded(k_cache, v_cache, k_scales, v_scales) -> None:
+    """An 8-bit cache as the int8 kernels take it: contiguous int8 codes (num_blocks, block_size,
+    num_kv_heads, head_dim) and float16 scales (num_blocks, block_size, num_kv_heads), K and V alike."""
+    for codes in (k_cache, v_cache):
+        if np.dtype(codes.dtype) != np.int8 or codes.ndim != 4 or not codes.flags.c_contiguous \
+                or codes.shape != k_cache.shape or codes.shape[3] not in HEAD_DIMS:
+            raise ValueError(f"an 8-bit cache must be contiguous int8 (num_blocks, block_size, num_kv_heads, "
+                             f"head_dim) arrays with head_dim in {HEAD_DIMS}; got {codes.dtype} {codes.shape} "
+                             "(fp8 runs in minipaged.attention.reference only)")
+    for scales in (k_scales, v_scales):
+        if np.dtype(scales.dtype) != np.float16 or scales.shape != k_cache.shape[:3] \
+                or not scales.flags.c_contiguous:
+            raise ValueError(f"k_scales and v_scales must be contiguous float16 (num_blocks, block_size, "
+                             f"num_kv_heads) = {k_cache.shape[:3]}; got {scales.dtype} {scales.shape}")
 
 
 # ---- the launches --------------------------------------------------------------------------------
@@ -113,9 +154,13 @@ class Launcher:
     xp: ModuleType       # numpy or cupy
     num_sms: int         # streaming multiprocessors
 
-    def write_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
-        """cache_ops.cu write_kv: one block per new token."""
+    def write_kv(self, k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None,
+                 codec=None) -> None:
+        """cache_ops.cu write_kv: one block per new token. With scales (an 8-bit cache, codec None
+        or "int8"), write_kv_int8 codes the rows as they are written (write_coded's codes)."""
         xp = self.xp
+        if _is_coded(codec, k_scales):
+            return self._write_kv_int8(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
         _check_cache(k_cache, k.dtype)
         if k.shape[1:] != k_cache.shape[2:] or v.shape != k.shape:
             raise ValueError(f"k and v must be (num_tokens, {k_cache.shape[2]}, "
@@ -127,22 +172,43 @@ class Launcher:
                     (k_cache, v_cache, xp.ascontiguousarray(k), xp.ascontiguousarray(v),
                      _i32(xp, slot_mapping), np.int32(row_size)))
 
+    def _write_kv_int8(self, k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales) -> None:
+        """paged_attention.cu write_kv_int8: one block per new token, a warp per (K or V, KV head)
+        row. The codes and scales are written in place: they must be the cache's own arrays."""
+        xp = self.xp
+        _check_coded(k_cache, v_cache, k_scales, v_scales)
+        if np.dtype(k.dtype) not in CTYPES or k.shape[1:] != k_cache.shape[2:] or v.shape != k.shape \
+                or np.dtype(v.dtype) != np.dtype(k.dtype):
+            raise ValueError(f"k and v must be float32/float16 (num_tokens, {k_cache.shape[2]}, "
+                             f"{k_cache.shape[3]}) like the cache rows; got {k.dtype} {k.shape}, {v.dtype} {v.shape}")
+        if len(k) == 0:
+            return
+        self.launch(f"write_kv_int8<{CTYPES[np.dtype(k.dtype)]}, {k_cache.shape[3]}>", (len(k),),
+                    (NUM_THREADS,),
+                    (k_cache, v_cache, k_scales, v_scales, xp.ascontiguousarray(k),
+                     xp.ascontiguousarray(v), _i32(xp, slot_mapping), np.int32(k_cache.shape[2])))
+
     def copy_blocks(self, k_cache, v_cache, pairs) -> None:
-        """cache_ops.cu copy_blocks: one block per (src, dst) pair."""
-        _check_cache(k_cache)
+        """cache_ops.cu copy_blocks: one block per (src, dst) pair. An 8-bit cache's codes are
+        copied as bytes (its scales are copied by KVCache.apply, beside)."""
+        _check_cache(k_cache, codes=True)
+        coded = np.dtype(k_cache.dtype) == np.int8
         pairs = _i32(self.xp, pairs).reshape(-1, 2)
         if len(pairs) == 0:
             return
         frame_size = k_cache[0].size                              # block_size * kvh * head_dim
-        self.launch(f"copy_blocks<{CTYPES[np.dtype(k_cache.dtype)]}>", (len(pairs),),
+        ctype = CODE_CTYPE if coded else CTYPES[np.dtype(k_cache.dtype)]
+        self.launch(f"copy_blocks<{ctype}>", (len(pairs),),
                     (NUM_THREADS,), (k_cache, v_cache, pairs, np.int32(frame_size)))
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale,
-               version: int | None = None, partition_size: int = PARTITION_SIZE, k_scales=None, v_scales=None):
+               version: int | None = None, partition_size: int = PARTITION_SIZE, k_scales=None, v_scales=None,
+               codec=None):
         """One query per sequence, by decode version 1..6 (None: pick_version's choice);
-        partition_size is v6's. With scales (an 8-bit cache), version 7 (decode_coded)."""
+        partition_size is v6's. With scales (an 8-bit cache, codec None or "int8"), version 7
+        (decode_coded)."""
         xp = self.xp
-        if k_scales is not None:
+        if _is_coded(codec, k_scales):
             if version not in (None, CODED_VERSION):
                 raise ValueError(f"an 8-bit cache is read by decode version {CODED_VERSION} only, not {version}")
             return self.decode_coded(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales, v_scales)
@@ -215,10 +281,15 @@ class Launcher:
                      np.float32(scale)))
         return out
 
-    def prefill(self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale):
-        """paged_prefill: a block per PREFILL_ROWS query rows (token x head of a GQA group)."""
+    def prefill(self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                k_scales=None, v_scales=None, codec=None):
+        """paged_prefill: a block per PREFILL_ROWS query rows (token x head of a GQA group). With
+        scales (an 8-bit cache, codec None or "int8"), paged_prefill_int8 over the same grid."""
         xp = self.xp
-        block_size, num_kv_heads, q_per_kv = _layout(q, k_cache)
+        coded = _is_coded(codec, k_scales)
+        if coded:
+            _check_coded(k_cache, v_cache, k_scales, v_scales)
+        block_size, num_kv_heads, q_per_kv = _layout(q, k_cache, coded)
         num_tokens, num_heads, head_dim = q.shape
         num_seqs = len(query_start_loc) - 1
         out = xp.empty_like(q)
@@ -229,9 +300,10 @@ class Launcher:
         block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
         query_start_loc = _i32(xp, query_start_loc)
         grid = (cdiv(max_query_len * q_per_kv, PREFILL_ROWS), num_kv_heads, num_seqs)
-        self.launch(f"paged_prefill<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>", grid,
-                    (NUM_THREADS,),
-                    (out, xp.ascontiguousarray(q), k_cache, v_cache, block_tables, context_lens,
+        kernel = "paged_prefill_int8" if coded else "paged_prefill"
+        cache = (k_cache, v_cache, k_scales, v_scales) if coded else (k_cache, v_cache)
+        self.launch(f"{kernel}<{CTYPES[np.dtype(q.dtype)]}, {head_dim}>", grid, (NUM_THREADS,),
+                    (out, xp.ascontiguousarray(q), *cache, block_tables, context_lens,
                      query_start_loc, np.int32(block_tables.shape[1]), np.int32(block_size),
                      np.int32(num_kv_heads), np.int32(q_per_kv), np.float32(scale)))
         return out

@@ -1,79 +1,56 @@
 """Paged attention in NumPy: the executable specification the kernels are tested against, and
 what the model's attention layers run on a CPU. K/V are gathered through the block tables into
 contiguous arrays (`gather`), then attention is the usual softmax(q k^T * scale) v (`attend`).
-An 8-bit cache (kv_cache_dtype "int8" or "fp8") is coded in write_kv and decoded in gather.
+An 8-bit cache (kv_cache_dtype "int8", "fp8" or a codec) is coded in write_kv, decoded in gather.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from minipaged.attention.codecs import CODE_MAX, FP8_VALUES, codec_for  # noqa: F401 (re-exported)
 from minipaged.backend import cdiv
 
 
-# ---- 8-bit codes: value ~ code * scale ----------------------------------------------------------
-# Compressed memory for the KV cache. An 8-bit cache stores codes, int8 (-127..127) or fp8 e4m3
-# bit patterns in uint8 (OCP's E4M3FN: 4 exponent bits, 3 mantissa bits, largest 448), and a
-# float16 scale per (slot, KV head), for K and for V apart: scales (num_blocks, block_size, kvh),
-# the row's largest |value| over CODE_MAX. A row's codes depend on that row alone, never on what
-# its frame held before or on which step wrote it: a batched, chunked, preempted or recomputed
-# request gets the very codes, hence the same tokens, as one run alone. 2 bytes per head_dim codes.
-
-def _fp8_e4m3_values() -> np.ndarray:
-    """The float32 value of each of the 256 e4m3 bit patterns (0x7f and 0xff are NaN)."""
-    bits = np.arange(256)
-    sign = np.where(bits & 0x80, -1.0, 1.0)
-    exponent, mantissa = (bits >> 3) & 0xF, bits & 0x7
-    normal = (1 + mantissa / 8) * 2.0 ** (exponent - 7)
-    values = sign * np.where(exponent == 0, mantissa / 8 * 2.0 ** -6, normal)   # 0: subnormals
-    values[(bits & 0x7F) == 0x7F] = np.nan
-    return values.astype(np.float32)
-
-
-FP8_VALUES = _fp8_e4m3_values()                 # (256,) bit pattern -> value
-CODE_MAX = {np.dtype(np.int8): 127.0, np.dtype(np.uint8): 448.0}   # int8, fp8 e4m3
-
+# ---- 8-bit codes: value ~ code * scale (the codecs: minipaged.attention.codecs) ------------------
+# An 8-bit cache stores codes, int8 (-127..127) or fp8 e4m3 bit patterns in uint8, and a float16
+# scale per (slot, KV head), for K and for V apart: scales (num_blocks, block_size, kvh). Which
+# codec codes them is the cache's (`codec=`, from KVCache.scales_of), else the built-in one of its
+# dtype. The names below are the codecs' own, kept for the notebooks and tests that use them.
 
 def encode(x, scale, dtype) -> np.ndarray:
-    """x (..., kvh, hd) / scale (..., kvh) as 8-bit codes of `dtype` (int8: rounded; uint8:
-    the nearest e4m3 value's bit pattern). A scale of 0 (a row of zeros) codes 0."""
-    scale = np.asarray(scale, dtype=np.float32)
-    y = x / np.where(scale > 0, scale, 1)[..., None]
-    y = np.clip(y, -CODE_MAX[np.dtype(dtype)], CODE_MAX[np.dtype(dtype)])  # a scale rounded down: clipped
-    if np.dtype(dtype) == np.int8:
-        return np.rint(y).astype(np.int8)
-    positive = FP8_VALUES[:0x7F]                # codes 0x00..0x7e: 0 up to 448, increasing
-    above = np.searchsorted(positive, np.abs(y)).clip(1, 0x7E)
-    nearer = np.where(np.abs(y) - positive[above - 1] < positive[above] - np.abs(y), above - 1, above)
-    return (nearer | np.where(y < 0, 0x80, 0)).astype(np.uint8)
+    """x (..., kvh, hd) / scale (..., kvh) as 8-bit codes of `dtype` with its built-in codec
+    (int8: rounded; uint8: the nearest e4m3 value's bit pattern). A scale of 0 codes 0."""
+    return codec_for(dtype).encode(x, scale)
 
 
-def decode_codes(codes, scale) -> np.ndarray:
+def decode_codes(codes, scale, codec=None) -> np.ndarray:
     """codes (..., kvh, hd) back to float32 values with their scales (..., kvh)."""
-    values = codes.astype(np.float32) if codes.dtype == np.int8 else FP8_VALUES[codes]
-    return values * scale.astype(np.float32)[..., None]
+    return codec_for(codes.dtype, codec).decode(codes, scale)
 
 
-def write_coded(rows, cache, scales, slots) -> None:
+def write_coded(rows, cache, scales, slots, codec=None) -> None:
     """Code rows (tokens, kvh, hd) into their slots of an 8-bit cache, each (row, head) with
-    its own scale: its largest |value| / CODE_MAX, in float16."""
+    its own float16 scale (the codec's scale_of: its largest |value| / its largest code)."""
+    codec = codec_for(cache.dtype, codec)
     rows = rows.astype(np.float32, copy=False)
-    scale = (np.abs(rows).max(axis=-1) / CODE_MAX[cache.dtype]).astype(np.float16)   # (tokens, kvh)
+    scale = codec.scale_of(rows)                                             # (tokens, kvh) float16
     scales.reshape(-1, scales.shape[-1])[slots] = scale
-    cache.reshape(-1, *cache.shape[2:])[slots] = encode(rows, scale, cache.dtype)
+    cache.reshape(-1, *cache.shape[2:])[slots] = codec.encode(rows, scale)
 
 
 # ---- the contract --------------------------------------------------------------------------------
 
-def write_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None) -> None:
+def write_kv(k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None, codec=None) -> None:
     """Store each new token's K and V rows in its slot = frame * block_size + offset; -1 skips.
     Read as (num_blocks * block_size, kvh, hd), a view of the contiguous cache, row `slot` is
-    that slot. With scales (an 8-bit cache), the rows are coded (write_coded)."""
+    that slot. With scales (an 8-bit cache), the rows are coded (write_coded) by `codec` (None:
+    the built-in one of the cache's dtype)."""
     slots = np.asarray(slot_mapping)
     keep = slots >= 0
     if k_scales is not None:
-        write_coded(np.asarray(k)[keep], k_cache, k_scales, slots[keep])
-        write_coded(np.asarray(v)[keep], v_cache, v_scales, slots[keep])
+        write_coded(np.asarray(k)[keep], k_cache, k_scales, slots[keep], codec)
+        write_coded(np.asarray(v)[keep], v_cache, v_scales, slots[keep], codec)
         return
     k_cache.reshape(-1, *k_cache.shape[2:])[slots[keep]] = k[keep]   # (kept tokens, kvh, hd)
     v_cache.reshape(-1, *v_cache.shape[2:])[slots[keep]] = v[keep]
@@ -86,18 +63,18 @@ def copy_blocks(k_cache, v_cache, pairs) -> None:
     v_cache[pairs[:, 1]] = v_cache[pairs[:, 0]]
 
 
-def gather(cache, block_tables, context_lens, num_positions: int, scales=None) -> np.ndarray:
+def gather(cache, block_tables, context_lens, num_positions: int, scales=None, codec=None) -> np.ndarray:
     """K (or V) of positions 0..num_positions-1 of each sequence, read through the block tables:
     float32 (num_seqs, num_positions, num_kv_heads, head_dim), zero past each context (the
     slots there may hold anything, even NaN). Whole frames are copied, one index per frame: a
     copy per position costs 3-4x as much in NumPy. An 8-bit cache's frames are decoded with
-    their scales (num_blocks, block_size, kvh) as they are read."""
+    their scales (num_blocks, block_size, kvh) as they are read, by `codec` (None: the dtype's)."""
     num_seqs, block_size = len(context_lens), cache.shape[1]
     frames = np.asarray(block_tables)[:, :cdiv(num_positions, block_size)]    # (num_seqs, frames)
     used = cache[:, :min(block_size, num_positions)]    # a frame bigger than the context: only its start
     rows = used[np.maximum(frames, 0)]                  # -1 padding: any frame, zeroed below
     if scales is not None:                              # (num_seqs, frames, block_size, kvh)
-        rows = decode_codes(rows, scales[:, :rows.shape[2]][np.maximum(frames, 0)])
+        rows = decode_codes(rows, scales[:, :rows.shape[2]][np.maximum(frames, 0)], codec)
     rows = rows.reshape(num_seqs, -1, *cache.shape[2:])[:, :num_positions]   # (num_seqs, positions, kvh, hd)
     rows = rows.astype(np.float32, copy=False)
     rows[np.arange(num_positions) >= np.asarray(context_lens)[:, None]] = 0  # rows is a copy: zero in place
@@ -124,19 +101,20 @@ def attend(q, keys, values, visible, scale) -> np.ndarray:
     return out.transpose(0, 3, 1, 2, 4).reshape(num_seqs, num_queries, num_heads, head_dim)
 
 
-def decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None) -> np.ndarray:
+def decode(q, k_cache, v_cache, block_tables, context_lens, scale, k_scales=None, v_scales=None,
+           codec=None) -> np.ndarray:
     """One query per sequence, the last of its context_lens[i] tokens: it sees them all.
     q (num_seqs, num_heads, head_dim) -> (num_seqs, num_heads, head_dim)."""
     context_lens = np.asarray(context_lens)
     num_positions = int(context_lens.max(initial=0))
-    keys = gather(k_cache, block_tables, context_lens, num_positions, k_scales)
-    values = gather(v_cache, block_tables, context_lens, num_positions, v_scales)
+    keys = gather(k_cache, block_tables, context_lens, num_positions, k_scales, codec)
+    values = gather(v_cache, block_tables, context_lens, num_positions, v_scales, codec)
     visible = np.arange(num_positions) < context_lens[:, None, None]       # (S, 1, positions)
     return attend(q[:, None], keys, values, visible, scale)[:, 0].astype(q.dtype)
 
 
 def prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-            k_scales=None, v_scales=None) -> np.ndarray:
+            k_scales=None, v_scales=None, codec=None) -> np.ndarray:
     """Many queries per sequence: rows query_start_loc[i]:query_start_loc[i+1] of q are the last
     query_len of sequence i's context_lens[i] tokens; the query at position p sees 0..p (causal).
     q (num_tokens, num_heads, head_dim) -> the same shape."""
@@ -144,8 +122,8 @@ def prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, sc
     for i, context_len in enumerate(np.asarray(context_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         table = np.asarray(block_tables)[i : i + 1]
-        keys = gather(k_cache, table, [context_len], context_len, k_scales)   # (1, context_len, kvh, hd)
-        values = gather(v_cache, table, [context_len], context_len, v_scales)
+        keys = gather(k_cache, table, [context_len], context_len, k_scales, codec)   # (1, context_len, kvh, hd)
+        values = gather(v_cache, table, [context_len], context_len, v_scales, codec)
         positions = context_len - (end - start) + np.arange(end - start)     # of the queries
         visible = np.arange(context_len) <= positions[:, None]       # (queries, context_len)
         out[start:end] = attend(q[None, start:end], keys, values, visible[None], scale)[0]

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from minipaged.bench.common import OptionError, load, model_arguments
 from minipaged.llm import number
 from minipaged.paging import KV_CACHE_DTYPES, num_blocks_for_memory
+from minipaged.viz import BarChart
 
 PROMPTS = (  # varied on purpose: facts, code, lists, arithmetic, a story, translation, advice
     "What is the capital of France, and what river runs through it?",
@@ -51,6 +52,8 @@ def add_arguments(parser) -> None:
                         help="streams of the decode speed run (default %(default)s)")
     parser.add_argument("--decode-tokens", type=number(int, 2), default=32,
                         help="tokens per stream in the decode speed run (default %(default)s)")
+    parser.add_argument("--svg", default=None,
+                        help="also write the frames 1 GiB holds per storage (a bar chart) to this SVG file")
     parser.add_argument("--kernel", action="store_true",
                         help="on a GPU only: time decode v7 (int8) beside v5 (fp16), GB/s and %% of peak")
     model_arguments(parser)
@@ -69,6 +72,12 @@ def frames_per_gib(config, block_size: int = 16) -> list[dict]:
         row["vs_float32"] = row["frames_per_gib"] / rows[0]["frames_per_gib"]
         row["vs_float16"] = row["frames_per_gib"] / rows[1]["frames_per_gib"]
     return rows
+
+
+def frames_chart(rows: list[dict], model: str) -> BarChart:
+    """The frames 1 GiB of KV memory holds, per storage (frames_per_gib's rows): the meeting's figure."""
+    return BarChart(f"frames in 1 GiB of KV memory, {model} (block_size 16)", [r["kv_cache_dtype"] for r in rows],
+                    {"frames": [r["frames_per_gib"] for r in rows]}, unit=" frames", digits=0)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -143,6 +152,9 @@ def bench_kv_dtype(args) -> dict:
                       for dtype, run in runs.items()]
     if not args.json:
         print_report(report)
+    if args.svg:  # depends on the model's shape only: any --prompts / --max-tokens draw the same
+        with open(args.svg, "w") as f:
+            f.write(frames_chart(report["frames"], llm.model_name.split("/")[-1]).svg())
     return report
 
 

@@ -8,8 +8,8 @@ from minipaged.paging.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, NoFre
 from minipaged.paging.block_table import BlockTable, CowPair
 from minipaged.paging.choice import ALLOCATORS, make_block_manager
 from minipaged.paging.contiguous import RESERVATIONS, ChunkAllocator, ContiguousBlockManager
-from minipaged.paging.kv_cache import (KV_CACHE_DTYPES, SWAP_SPACE, KVCache, bytes_per_frame, default_kv_memory,
-                                       kv_storage_dtype, num_blocks_for_memory)
+from minipaged.paging.kv_cache import (CODEC_PARTS, KV_CACHE_DTYPES, SWAP_SPACE, KVCache, bytes_per_frame, check_codec,
+                                       default_kv_memory, kv_storage_dtype, num_blocks_for_memory)
 from minipaged.paging.manager import BlockManager, FrameState, MemoryMoves, MemoryUsage, TableView
 from minipaged.paging.prefix_cache import PrefixCache, block_hash
 from minipaged.paging.replacement import REPLACEMENT_POLICIES, make_policy
@@ -18,7 +18,7 @@ from minipaged.paging.tier import Drum, TierMove
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockAllocator", "NoFreeFramesError", "cdiv", "check_size", "BlockTable", "CowPair",
-    "KV_CACHE_DTYPES", "kv_storage_dtype", "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
+    "KV_CACHE_DTYPES", "CODEC_PARTS", "check_codec", "kv_storage_dtype", "SWAP_SPACE", "default_kv_memory", "KVCache", "bytes_per_frame", "num_blocks_for_memory", "BlockManager", "MemoryMoves", "MemoryUsage",
     "FrameState", "TableView", "PrefixCache", "block_hash", "StaticBlockManager", "RESERVATIONS", "ChunkAllocator",
     "ContiguousBlockManager", "ALLOCATORS", "make_block_manager", "REPLACEMENT_POLICIES", "make_policy",
     "Drum", "TierMove",

@@ -7,6 +7,7 @@ scales when they hold 8-bit codes (kv_cache_dtype), and the attention layers rea
 
 from __future__ import annotations
 
+import importlib
 import os
 import weakref
 
@@ -18,22 +19,73 @@ from minipaged.paging.tier_file import TierFile
 
 SWAP_SPACE = 4 * 2**30  # default bytes of host memory for swapped-out frames
 # kv_cache_dtype (vLLM's option) -> how a frame stores K and V: None is the model's dtype; int8
-# and fp8 (e4m3 bit patterns in uint8) are 8-bit codes with a float16 scale per (slot, KV head)
+# and fp8 (e4m3 bit patterns in uint8) are 8-bit codes with a float16 scale per (slot, KV head),
+# coded by the built-in codecs of minipaged.attention.codecs. The option also takes a codec of
+# one's own (an object, or a "module:Class" path): what it must have is CODEC_PARTS.
 KV_CACHE_DTYPES = {"auto": None, "int8": np.dtype(np.int8), "fp8": np.dtype(np.uint8)}
+CODEC_PARTS = ("name", "dtype", "scale_of", "encode", "decode")
 
 
-def kv_storage_dtype(kv_cache_dtype: str, model_dtype) -> np.dtype:
-    """The dtype of the KV arrays for vLLM's kv_cache_dtype option: "auto" (the model's), "int8"
-    or "fp8" (8-bit codes, see minipaged.attention.reference); anything else is a ValueError."""
+def kv_storage_dtype(kv_cache_dtype, model_dtype):
+    """How the KV arrays store K and V for vLLM's kv_cache_dtype option: a dtype for "auto" (the
+    model's), "int8" or "fp8" (8-bit codes, see minipaged.attention.codecs); a codec of one's own
+    (an object, or a "module:Class" path: a class is built with no arguments) is checked
+    (check_codec) and returned as it is, its `dtype` the storage's. Else a ValueError."""
+    if isinstance(kv_cache_dtype, str) and ":" in kv_cache_dtype:
+        kv_cache_dtype = load_codec(kv_cache_dtype)
+    if isinstance(kv_cache_dtype, type) and not issubclass(kv_cache_dtype, np.generic):
+        kv_cache_dtype = kv_cache_dtype()                                    # a codec's class
+    if kv_cache_dtype is not None and not isinstance(kv_cache_dtype, (str, int, float, type, np.dtype)):
+        return check_codec(kv_cache_dtype)
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
-                         f"got {kv_cache_dtype!r} (fp8 is e4m3, emulated in NumPy)")
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, a codec "
+                         f"('module:Class' or an object with {', '.join(CODEC_PARTS)}), got {kv_cache_dtype!r} "
+                         "(fp8 is e4m3, emulated in NumPy)")
     return KV_CACHE_DTYPES[kv_cache_dtype] or np.dtype(model_dtype)
 
 
+def is_codec(storage) -> bool:
+    """Whether a KV storage (kv_storage_dtype's answer) is a codec object rather than a dtype."""
+    return not isinstance(storage, (str, type, np.dtype)) and hasattr(storage, "encode")
+
+
+def storage_dtype(storage) -> np.dtype:
+    """The numpy dtype of the KV arrays for a storage: the dtype itself, or a codec's `dtype`."""
+    return np.dtype(storage.dtype if is_codec(storage) else storage)
+
+
+def check_codec(codec):
+    """A codec of one's own, returned when it has every part (CODEC_PARTS: methods callable) and
+    stores one byte a number; else a ValueError saying what is missing."""
+    missing = [part for part in CODEC_PARTS if not hasattr(codec, part)]
+    missing += [part for part in CODEC_PARTS[2:] if hasattr(codec, part) and not callable(getattr(codec, part))]
+    if missing:
+        raise ValueError(f"kv_cache_dtype={codec!r}: a codec needs {', '.join(CODEC_PARTS)} "
+                         f"(scale_of, encode and decode methods); it has no usable {', '.join(missing)}")
+    try:
+        dtype = np.dtype(codec.dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.itemsize != 1:
+        size = f"{dtype} ({dtype.itemsize} bytes)" if dtype is not None else f"{codec.dtype!r}, not a numpy dtype"
+        raise ValueError(f"kv_cache_dtype codec {getattr(codec, 'name', codec)!r}: its dtype is {size}; a codec "
+                         "stores one byte a number (numpy int8 or uint8): that is what compresses")
+    return codec
+
+
+def load_codec(path: str):
+    """The object at "package.module:Name" (a codec, or its class), or a ValueError naming the path."""
+    module, _, name = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(f"kv_cache_dtype={path!r}: cannot load {name!r} from module {module!r} ({error})") from None
+    return found
+
+
 def is_coded(dtype) -> bool:
-    """Whether KV arrays of this dtype hold 8-bit codes, with scales beside them."""
-    return np.dtype(dtype).itemsize == 1
+    """Whether KV arrays of this dtype (or codec) hold 8-bit codes, with scales beside them."""
+    return storage_dtype(dtype).itemsize == 1
 
 
 def default_kv_memory(device: str, requested: int) -> int:
@@ -52,7 +104,7 @@ def bytes_per_frame(num_layers: int, num_kv_heads: int, head_dim: int,
     """2 (K and V) × num_layers × block_size × num_kv_heads × head_dim × itemsize, and for 8-bit
     codes as many float16 scales as rows: 2 × num_layers × block_size × num_kv_heads × 2 bytes."""
     scales = 2 * num_layers * block_size * num_kv_heads * 2 if is_coded(dtype) else 0
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * np.dtype(dtype).itemsize + scales
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * storage_dtype(dtype).itemsize + scales
 
 
 def num_blocks_for_memory(kv_cache_memory: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -85,14 +137,16 @@ class KVCache:
     minipaged.attention), not here. A dtype of one byte (int8, or uint8 for fp8) holds 8-bit
     codes: `scales` (K/V, layers, num_blocks, block_size, kv_heads) float16 then go wherever their
     frames go (host, tier; beside a tier file its scales stay in memory, 1/32 of its bytes).
-    Other dtypes have empty scales (last axis 0), so every move copies both without a test."""
+    Other dtypes have empty scales (last axis 0), so every move copies both without a test.
+    `dtype` may be a codec (kv_storage_dtype): the cache keeps it (`codec`) and stores its dtype."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_host_blocks: int = 0,
                  dtype=None, device: str | None = None, num_tier_blocks: int = 0, tier_path=None):
         self.device = resolve_device(device)
         self.xp = get_xp(self.device)
-        self.dtype = np.dtype(dtype or default_dtype(self.device))
+        self.codec = dtype if is_codec(dtype) else None   # None: the built-in codec of an 8-bit dtype
+        self.dtype = storage_dtype(dtype or default_dtype(self.device))
         layers = check_size("num_layers", num_layers)
         num_blocks = check_size("num_blocks", num_blocks, minimum=0)
         num_host_blocks = check_size("num_host_blocks", num_host_blocks, minimum=0)
@@ -133,7 +187,7 @@ class KVCache:
                    block_size: int = DEFAULT_BLOCK_SIZE, dtype=None, device: str | None = None,
                    num_host_blocks: int = 0) -> KVCache:
         """As many frames as `kv_cache_memory` bytes hold (see num_blocks_for_memory)."""
-        dtype = np.dtype(dtype or default_dtype(resolve_device(device)))
+        dtype = dtype if is_codec(dtype) else np.dtype(dtype or default_dtype(resolve_device(device)))
         num_blocks = num_blocks_for_memory(kv_cache_memory, num_layers, num_kv_heads, head_dim,
                                            block_size, dtype)
         return cls(num_layers, num_blocks, num_kv_heads, head_dim, block_size, num_host_blocks, dtype, device)
@@ -148,10 +202,11 @@ class KVCache:
 
     def scales_of(self, layer: int) -> dict:
         """The attention functions' scale arguments for one layer: {} for full precision, else
-        k_scales and v_scales, each (num_blocks, block_size, kv_heads) float16."""
+        k_scales and v_scales, each (num_blocks, block_size, kv_heads) float16, and the codec that
+        codes them (None: the built-in one of the cache's dtype, int8 or fp8)."""
         if not is_coded(self.dtype):
             return {}
-        return {"k_scales": self.scales[0, layer], "v_scales": self.scales[1, layer]}
+        return {"k_scales": self.scales[0, layer], "v_scales": self.scales[1, layer], "codec": self.codec}
 
     @property
     def num_blocks(self) -> int:

@@ -116,6 +116,7 @@ class Automaton:
                 mask = self.vocabulary.allowed(self.dfa, state)
                 mask[self.eos] = self.dfa.accepting(state)   # the end, once the text is a whole match
                 self.masks[state] = mask
+            self.masks[state].flags.writeable = False         # shared by every sequence at this state
         return self.masks[state]
 
 
