@@ -55,6 +55,7 @@ import numpy as np
 import pytest
 
 from minipaged import LLM, SamplingParams
+from minipaged.sampling import StructuredOutputsParams
 from minipaged.paging import block_hash
 
 SCALE = float(os.environ.get("MINIPAGED_FUZZ_SCALE", "1"))
@@ -287,9 +288,22 @@ def draw_requests(sc: Scenario, vocab: int, words) -> list[Req]:
             prompt = (prefix + rng.integers(5, vocab, int(rng.integers(1, max(2, limit // 2)))).tolist())[:limit]
         kind = sc.kinds[int(rng.integers(len(sc.kinds)))]
         params = draw_params(rng, kind, len(prompt), sc.max_model_len, sc, vocab, words)
+        if kind != "beam":
+            params.structured_outputs = draw_structure(np.random.default_rng([BASE_SEED, sc.seed, 8, i]), words)
         arrival = 0 if rng.random() < 0.5 else int(rng.integers(0, sc.arrival_spread + 1))
         reqs.append(Req(f"r{i}", prompt, params, arrival, kind))
     return reqs
+
+
+def draw_structure(rng, words) -> StructuredOutputsParams | None:
+    """For one request in eight that is not a beam search, structured output: a choice of three
+    words, or one or more of them as a regex (a stream of its own: the other draws stay)."""
+    if rng.random() > 0.125:
+        return None
+    picks = [w for w in (words[int(rng.integers(len(words)))] for _ in range(3)) if w.strip()] or ["a"]
+    if rng.random() < 0.5:
+        return StructuredOutputsParams(choice=picks)
+    return StructuredOutputsParams(regex="(" + "|".join(map(re.escape, picks)) + ")+")
 
 
 # ---- failures and statistics -------------------------------------------------------------------
@@ -699,6 +713,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
                           f"prefix_cache_policy={sc.prefix_cache_policy}", f"scheduling_policy={sc.scheduling_policy}",
                           f"kv_offload={bool(sc.kv_offload_frames)}", f"admission={sc.admission}",
                           f"kv_cache_dtype={sc.kv_cache_dtype}"])
+    stats.options.update(["structured_outputs"] * sum(r.params.structured_outputs is not None for r in reqs))
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
@@ -810,6 +825,7 @@ def test_fuzz_engine(llm, capsys):
     assert stats.options["admission=working-set"], stats.options
     assert stats.options["kv_offload=True"] and stats.tier_hits, stats.line()
     assert stats.options["kv_cache_dtype=int8"] and stats.options["kv_cache_dtype=fp8"], stats.options
+    assert stats.options["structured_outputs"], stats.options
     assert 0 < stats.accepted < stats.guessed, stats.line()
     assert stats.finish_reasons["stop"] and stats.finish_reasons["length"] and stats.finish_reasons["abort"]
 
