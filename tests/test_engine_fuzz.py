@@ -580,7 +580,8 @@ def check_output(out, prompt, params: SamplingParams, max_model_len: int, prefix
         if params.logprobs is not None and (len(c.logprobs) != len(c.token_ids)
                                             or any(t not in step for t, step in zip(c.token_ids, c.logprobs))):
             fail("logprobs", f"output {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)} tokens")
-        if c.finish_reason == "stop" and len(c.token_ids) < params.min_tokens:
+        held = params.structured_outputs is not None  # a whole match may end it sooner: the automaton wins
+        if c.finish_reason == "stop" and len(c.token_ids) < params.min_tokens and not held:
             fail("min_tokens", f"output {c.index} ended after {len(c.token_ids)} < min_tokens tokens")
     if params.prompt_logprobs is not None and not aborted and len(out.prompt_logprobs or ()) != len(prompt):
         fail("prompt_logprobs", f"{len(out.prompt_logprobs or ())} prompt logprobs for {len(prompt)} tokens")
