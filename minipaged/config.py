@@ -85,6 +85,11 @@ class EngineConfig:
                                   policies.make("prefix_cache_policy", self.prefix_cache_policy),
                                   self.kv_offload_frames)
 
+    def constrainer(self, tokenizer, vocab_size: int, eos_token_ids):
+        """The structured-output backend these options name (its constraints' compiler)."""
+        return policies.make("structured_outputs_backend", self.structured_outputs_backend, tokenizer=tokenizer,
+                             vocab_size=vocab_size, eos_token_ids=eos_token_ids)
+
     def lookahead(self, runner, blocks):
         """The step's lookahead (speculative decoding's proposer and checks), or None."""
         return make_lookahead(self.speculative_config, runner, blocks)

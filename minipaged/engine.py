@@ -75,11 +75,9 @@ class LLMEngine:
         self.scheduler.add(self.requests[request_id], priority)
 
     def constrainer(self):
-        """The structured-output backend (EngineConfig.structured_outputs_backend), built once."""
+        """The compiler of SamplingParams.structured_outputs (EngineConfig.constrainer), built once."""
         if self.constraints is None:
-            self.constraints = policies.make("structured_outputs_backend", self.config.structured_outputs_backend,
-                                             tokenizer=self.tokenizer, vocab_size=self.model.config.vocab_size,
-                                             eos_token_ids=self.eos_token_ids)
+            self.constraints = self.config.constrainer(self.tokenizer, self.model.config.vocab_size, self.eos_token_ids)
         return self.constraints
 
     def abort_request(self, request_id: str) -> RequestOutput:
