@@ -102,7 +102,7 @@ notebooks: $(TEST_STAMP)
 # The labs' checks on the engine's own code (each grades, then serves SmolLM2: seconds each).
 # `make lab ARGS="check 1 my_paging.py"` or ARGS="hint 1": the lab command without activating .venv.
 lab-check: $(STAMP)
-	for n in $$($(PY) -c "from minipaged.lab.labs import LABS; print(*LABS)"); do $(PY) -m minipaged.lab check $$n --solution --pictures build/lab-pictures || exit 1; done
+	for n in $$($(PY) -c "from minipaged.tools.lab.labs import LABS; print(*LABS)"); do $(PY) -m minipaged.lab check $$n --solution --pictures build/lab-pictures || exit 1; done
 
 lab: $(STAMP)
 	$(PY) -m minipaged.lab $(ARGS)

@@ -2,7 +2,7 @@
 
 `RequestOutput` and `CompletionOutput` are vLLM's shapes, so code moves over unchanged;
 `StepReport` is minipaged's own: what one `step()` scheduled, paged, copied and finished, as a
-line of text or, collected over a run, a timeline picture (minipaged.viz).
+line of text or, collected over a run, a timeline picture (minipaged.tools.viz).
 """
 
 from __future__ import annotations

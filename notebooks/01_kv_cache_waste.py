@@ -37,8 +37,8 @@ from minipaged import LLM, SamplingParams
 from minipaged.backend import to_numpy
 from minipaged.model.oracle import ContiguousKVCache
 from minipaged.paging import BlockManager, StaticBlockManager, bytes_per_frame
-from minipaged.bench.workload import make_workload, simulate_memory
-from minipaged.viz import BarChart, LineChart
+from minipaged.tools.bench.workload import make_workload, simulate_memory
+from minipaged.tools.viz import BarChart, LineChart
 
 llm = LLM()  # SmolLM2-135M-Instruct: on a GPU if there is one, else NumPy on the CPU
 config = llm.model.config

@@ -33,10 +33,10 @@
 # %%
 from IPython.display import Markdown, display
 
-from minipaged.bench.workload import make_workload, simulate_memory
+from minipaged.tools.bench.workload import make_workload, simulate_memory
 from minipaged.paging import BlockManager, NoFreeFramesError
 from minipaged.runner import step_inputs
-from minipaged.viz import FrameMap, LineChart, PageTableView
+from minipaged.tools.viz import FrameMap, LineChart, PageTableView
 
 # %% [markdown]
 # ## A pool of frames

@@ -38,12 +38,12 @@ from IPython.display import Markdown, display
 
 from minipaged.attention import emulated, kernels, reference
 from minipaged.backend import cuda_available
-from minipaged.bench.kernel import Shape
+from minipaged.tools.bench.kernel import Shape
 from minipaged.model.config import ModelConfig
 from minipaged.model.weights import load_weights, resolve_model
 from minipaged.runner import step_inputs
-from minipaged.viz import BarChart, PageTableView
-from minipaged.viz.demo import two_sequences
+from minipaged.tools.viz import BarChart, PageTableView
+from minipaged.tools.viz.demo import two_sequences
 
 SOURCE = kernels.SOURCES["paged_attention"].read_text().splitlines()
 
@@ -139,7 +139,7 @@ show("// v1, v2: a block-wide reduction", "// v3+: combine")
 # keys and values in scattered frames, their block tables and context lengths, and one query
 # per sequence. A `BlockManager` decides where the tokens go: the very batch of notebook 2,
 # s1 (a 6-token prompt and 8 generated tokens) and s2 (a 5-token prompt), then both decoding
-# in turn, so that their frames interleave (`minipaged.viz.demo.two_sequences()` builds it again).
+# in turn, so that their frames interleave (`minipaged.tools.viz.demo.two_sequences()` builds it again).
 # The sizes are SmolLM2's where it matters, 3 query heads per KV head and `head_dim` 64, with
 # one KV head and blocks of 4 slots so that the pictures fit.
 
@@ -334,7 +334,7 @@ else:
 if not cuda_available():
     print("skipped: needs a GPU")
 else:
-    from minipaged.bench import kernel as kernel_bench
+    from minipaged.tools.bench import kernel as kernel_bench
 
     rows = kernel_bench.run(shapes=[shape], repeats=10)
     display(BarChart(f"decode attention, {shape.num_seqs} × {shape.context_len:,} tokens, SmolLM2 heads: "

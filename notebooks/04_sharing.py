@@ -36,7 +36,7 @@
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz import FrameMap, LineChart, PageTableView
+from minipaged.tools.viz import FrameMap, LineChart, PageTableView
 
 llm = LLM(block_size=8, num_blocks=64)  # small frames and a small pool, so the pictures fit
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")

@@ -35,7 +35,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz import BarChart, Timeline
+from minipaged.tools.viz import BarChart, Timeline
 
 llm = LLM(num_blocks=64)  # its own engine stays idle: each section below makes a fresh one
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")

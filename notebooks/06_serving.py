@@ -38,7 +38,7 @@ from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
 from minipaged.paging import bytes_per_frame
-from minipaged.viz import FrameMap, LineChart, Timeline
+from minipaged.tools.viz import FrameMap, LineChart, Timeline
 
 llm = LLM(num_blocks=128)  # a pool of 128 frames of 16 token slots: small enough to see whole
 engine, blocks = llm.engine, llm.engine.blocks

@@ -32,9 +32,9 @@
 # %%
 from IPython.display import Markdown, display
 
-from minipaged.bench import simulate as sim
-from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
-from minipaged.viz import LineChart
+from minipaged.tools.bench import simulate as sim
+from minipaged.tools.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
+from minipaged.tools.viz import LineChart
 
 # %% [markdown]
 # ## Where the KV memory goes (Figure 2)

@@ -36,7 +36,7 @@ from minipaged import LLM, SamplingParams
 from minipaged.paging import BlockManager
 from minipaged.sampling import distribution, verify
 from minipaged.speculative import ngram_propose
-from minipaged.viz import FrameMap, PageTableView
+from minipaged.tools.viz import FrameMap, PageTableView
 
 llm = LLM(block_size=8, num_blocks=128)
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")

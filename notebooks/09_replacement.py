@@ -32,8 +32,8 @@
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-from minipaged.bench import replacement as rp
-from minipaged.bench.workload import chat_trace
+from minipaged.tools.bench import replacement as rp
+from minipaged.tools.bench.workload import chat_trace
 from minipaged.paging import REPLACEMENT_POLICIES, PrefixCache
 
 print("policies:", ", ".join(REPLACEMENT_POLICIES))
@@ -103,7 +103,7 @@ for _ in range(3):
 #
 # Belady's MIN gives up the block whose next use lies furthest in the future. No online policy
 # can run it (it reads the trace ahead), but on a recorded trace it is the bound every policy is
-# measured against. `minipaged.bench.replacement` replays traces through real block managers:
+# measured against. `minipaged.tools.bench.replacement` replays traces through real block managers:
 # here a classic reference string, each page a one-block prompt served one at a time.
 #
 # The string is the one of Belady, Nelson and Shedler (1969): with FIFO, a fourth frame makes

@@ -34,9 +34,9 @@ import dataclasses
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-from minipaged.bench.simulate import PROFILES, Arrival, Simulator
-from minipaged.bench.workload import make_workload
-from minipaged.viz import LineChart, Timeline
+from minipaged.tools.bench.simulate import PROFILES, Arrival, Simulator
+from minipaged.tools.bench.workload import make_workload
+from minipaged.tools.viz import LineChart, Timeline
 
 llm = LLM()
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")

@@ -34,12 +34,12 @@ from IPython.display import Markdown, display
 from minipaged import LLM, SamplingParams
 import dataclasses
 
-from minipaged.bench.scheduling import PrioritySimulator, latency_by_size, mixed_workload, priorities_of
-from minipaged.bench.simulate import PROFILES, poisson_trace
-from minipaged.bench.workload import RequestSpec
+from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size, mixed_workload, priorities_of
+from minipaged.tools.bench.simulate import PROFILES, poisson_trace
+from minipaged.tools.bench.workload import RequestSpec
 from minipaged.paging import BlockManager
 from minipaged.scheduler import WAITING_ORDERS, Request, Scheduler, SchedulerConfig, Sequence
-from minipaged.viz import BarChart
+from minipaged.tools.viz import BarChart
 
 print(WAITING_ORDERS)
 

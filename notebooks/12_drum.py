@@ -31,10 +31,10 @@
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-from minipaged.bench.drum import make_trace, replay, run_trace, sources_chart
-from minipaged.bench.workload import chat_trace
+from minipaged.tools.bench.drum import make_trace, replay, run_trace, sources_chart
+from minipaged.tools.bench.workload import chat_trace
 from minipaged.paging import BlockManager, KVCache, MemoryMoves
-from minipaged.viz import FrameMap, LineChart
+from minipaged.tools.viz import FrameMap, LineChart
 
 # %% [markdown]
 # ## Core and drum
@@ -112,7 +112,7 @@ print("frame 1 got", kv.data[0, 0, 1, 0, 0, 0], "(Y); tier frame 0 now holds", k
 # %% [markdown]
 # ## Returning conversations on SmolLM2
 #
-# A chat trace (minipaged.bench.workload): two conversations over one system prompt take four
+# A chat trace (minipaged.tools.bench.workload): two conversations over one system prompt take four
 # turns each, each prompt the whole conversation so far, one request at a time, through a pool
 # just large enough for the longest turn: between two turns of one conversation, the other
 # pushes its history out. The same trace runs without and with a tier.

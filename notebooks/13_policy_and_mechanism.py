@@ -39,13 +39,13 @@ from IPython.display import Markdown, display
 
 import minipaged
 from minipaged import SamplingParams, policies
-from minipaged.bench.scheduling import PrioritySimulator, latency_by_size
-from minipaged.bench.simulate import PROFILES, poisson_trace, trace_specs
-from minipaged.bench.workload import RequestSpec
+from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size
+from minipaged.tools.bench.simulate import PROFILES, poisson_trace, trace_specs
+from minipaged.tools.bench.workload import RequestSpec
 from minipaged.paging import BlockManager
 from minipaged.policies import defaults
 from minipaged.scheduler import Request, Scheduler, SchedulerConfig, Sequence
-from minipaged.viz import BarChart
+from minipaged.tools.viz import BarChart
 
 for option, table in policies.SEAMS.items():
     print(f"{option:>19}: {', '.join(table)}")

@@ -36,11 +36,11 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from minipaged import SamplingParams
-from minipaged.bench.serve import room_chart
+from minipaged.tools.bench.serve import room_chart
 from minipaged.paging import BlockManager
 from minipaged.policies import fair
 from minipaged.scheduler import Request, Scheduler, SchedulerConfig, Sequence
-from minipaged.viz import BarChart, LineChart
+from minipaged.tools.viz import BarChart, LineChart
 
 print(inspect.getsource(fair.Fair))
 

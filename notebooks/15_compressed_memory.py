@@ -34,7 +34,7 @@ from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
 from minipaged.attention import emulated, reference
-from minipaged.bench.kv_dtype import PROMPTS, first_divergence, frames_per_gib, greedy_tokens
+from minipaged.tools.bench.kv_dtype import PROMPTS, first_divergence, frames_per_gib, greedy_tokens
 
 # %% [markdown]
 # ## One row, coded
@@ -139,7 +139,7 @@ print("largest difference, kernel v7 vs the NumPy reference:", float(np.abs(kern
 # ## Exercises
 
 # %% [markdown]
-# **Exercise 1.** Measure the perplexity of `minipaged.bench.kv_dtype.TEXT` with each
+# **Exercise 1.** Measure the perplexity of `minipaged.tools.bench.kv_dtype.TEXT` with each
 # `kv_cache_dtype` (the function `perplexity` of that module reads it teacher-forced). Which
 # 8 bits cost more, and why would fp8's 3 mantissa bits lose to int8's 7 here?
 
@@ -147,7 +147,7 @@ print("largest difference, kernel v7 vs the NumPy reference:", float(np.abs(kern
 # <details><summary>Solution 1</summary>
 #
 # ```python
-# from minipaged.bench.kv_dtype import TEXT, perplexity
+# from minipaged.tools.bench.kv_dtype import TEXT, perplexity
 #
 # ids = llm.tokenizer.encode(TEXT)
 # for dtype in ("auto", "int8", "fp8"):

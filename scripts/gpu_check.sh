@@ -64,7 +64,7 @@ record gpu-tests "${PIPESTATUS[0]}"
 
 # the kernels: every decode version's GB/s and % of peak; v7 over int8 beside v5 over fp16
 bench kernel 90 kernel
-[ "${statuses[-1]}" = kernel=0 ] && "$PYTHON" -m minipaged.bench.kernel "$OUT/kernel.json" | tee "$OUT/kernel.txt"
+[ "${statuses[-1]}" = kernel=0 ] && "$PYTHON" -m minipaged.tools.bench.kernel "$OUT/kernel.json" | tee "$OUT/kernel.txt"
 bench kv_dtype_kernel 60 kv-dtype --kernel
 
 "$PYTHON" scripts/write_random_model.py "$MODEL" --dtype float16 > /dev/null

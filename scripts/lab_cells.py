@@ -1,4 +1,4 @@
-"""Write each notebook's closing "## Lab" cell (its .py and its .ipynb) from minipaged.lab.LABS:
+"""Write each notebook's closing "## Lab" cell (its .py and its .ipynb) from minipaged.tools.lab.LABS:
 `.venv/bin/python scripts/lab_cells.py` after a lab is added or its minutes change."""
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from minipaged.lab.labs import LABS
+from minipaged.tools.lab.labs import LABS
 
 # notebook -> [(lab, what, the participant's file name)]
 PLAN = {

@@ -1,10 +1,10 @@
 """Write every figure of docs/ into docs/figures/: `python scripts/make_figures.py [--out DIR]`.
 
-Each figure is drawn by minipaged's own pictures (minipaged.viz) from minipaged's own runs, with
+Each figure is drawn by minipaged's own pictures (minipaged.tools.viz) from minipaged's own runs, with
 fixed seeds, so the files only change when the code does; tests/test_docs.py regenerates them
 and fails when the committed ones are stale. The numbers come from the same runs as
 `python -m minipaged.bench memory` and the notebooks (note 13's diagram is drawn by hand with
-minipaged.viz.svg's helpers). The batching and serving figures run SmolLM2 on the CPU, with
+minipaged.tools.viz.svg's helpers). The batching and serving figures run SmolLM2 on the CPU, with
 random prompts and answers of fixed length (ignore_eos): what gets
 scheduled when depends on token counts only, never on which tokens the model picks, so those
 pictures are the same on every machine. The dashboard's screenshots (docs/figures/dashboard*.png)
@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from minipaged import LLM, SamplingParams
-from minipaged.bench.kernel import SHAPES
-from minipaged.viz.demo import reused_frames, two_sequences
+from minipaged.tools.bench.kernel import SHAPES
+from minipaged.tools.viz.demo import reused_frames, two_sequences
 from minipaged.paging import BlockManager, StaticBlockManager
-from minipaged.bench.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
-from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
+from minipaged.tools.bench.workload import SHAREGPT_OUTPUT_MEAN, SHAREGPT_PROMPT_MEAN, make_workload, simulate_memory
+from minipaged.tools.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 MAX_MODEL_LEN, MAX_NUM_SEQS, BLOCK_SIZE = 2048, 64, 16  # the bench's and notebook 1's setting
@@ -150,7 +150,7 @@ def replacement_figures() -> dict:
     """Note 9: the hit-rate-against-memory curve of `bench replacement` (from its committed JSON)."""
     import json
 
-    from minipaged.bench.replacement import replacement_chart
+    from minipaged.tools.bench.replacement import replacement_chart
     result = json.loads((REPLACEMENT_RESULTS / "replacement.json").read_text())
     return {"replacement_hit_rate.svg": replacement_chart(result)}
 
@@ -253,9 +253,9 @@ def paper_figures() -> dict:
     opt-13b-a100 model, and the measured latency curves of `bench latency` (from its committed JSON)."""
     import json
 
-    from minipaged.bench import simulate as sim
-    from minipaged.bench.latency import latency_chart
-    from minipaged.bench.paper import fragmentation_chart
+    from minipaged.tools.bench import simulate as sim
+    from minipaged.tools.bench.latency import latency_chart
+    from minipaged.tools.bench.paper import fragmentation_chart
     specs, rates = sim.trace_specs("sharegpt", 300), [0.5, 1, 2, 3, 4, 5, 6]
     curves = {s: [sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency for r in rates]
               for s in sim.FIGURE_SYSTEMS}  # static batching is off this scale (0.97 s/token at 1 req/s)
@@ -277,7 +277,7 @@ def thrashing_figures(llm: LLM) -> dict:
     SmolLM2 in 8 frames, greedy and working-set admission, as batch timelines."""
     import json
 
-    from minipaged.bench.thrashing import thrashing_chart
+    from minipaged.tools.bench.thrashing import thrashing_chart
     result = json.loads(THRASHING_RESULTS.read_text())
     requests = random_requests(8, (8, 32), (16, 40), seed=1)
     memory = dict(num_blocks=8, block_size=16, max_num_seqs=8, enable_prefix_caching=False)
@@ -293,7 +293,7 @@ def scheduling_figures() -> dict:
     wait, simulated at paper scale and measured on this CPU (the JSON of `bench scheduling`)."""
     import json
 
-    from minipaged.bench.scheduling import scheduling_chart
+    from minipaged.tools.bench.scheduling import scheduling_chart
     result = json.loads(SCHEDULING_RESULTS.read_text())
     return {"scheduling_short_simulated.svg": scheduling_chart(result, "simulated", "short_p50"),
             "scheduling_wait_simulated.svg": scheduling_chart(result, "simulated", "max_wait"),
@@ -310,7 +310,7 @@ def drum_figures() -> dict:
     JSON of `bench drum`)."""
     import json
 
-    from minipaged.bench.drum import make_trace, sources_chart, ttft_chart
+    from minipaged.tools.bench.drum import make_trace, sources_chart, ttft_chart
     result = json.loads(DRUM_RESULTS.read_text())
     trace = make_trace(result["conversations"], result["turns"], result["active"], seed=result["seed"])
     return {"drum_sources.svg": sources_chart(trace, result["pool_frames"], result["tier_frames"]),
@@ -349,7 +349,7 @@ STEPS = [("schedule", "queues, frames", "+ reserve"), ("prepare", "page tables â
 def policy_mechanism() -> Drawing:
     """Note 13: the core (the step as a row of boxes: mechanism) and the seven seams plugged
     into it, each with its option, what it is asked, its default and the others."""
-    from minipaged.viz.svg import PALETTE, SMALL_FONT, _framed, _svg_text
+    from minipaged.tools.viz.svg import PALETTE, SMALL_FONT, _framed, _svg_text
     width, height, plug_h = 1268, 600, 130
     body: list[str] = []
 

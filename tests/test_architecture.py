@@ -10,19 +10,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "minipaged"
 
 # Lowest first: a part may import the parts of lower layers (and its own folder), nothing else.
+# The engine a student reads is the first nine layers; the machinery around it lives in
+# minipaged/tools/ (a part each: "tools.serve", ...), and the doors `python -m minipaged.NAME`
+# enters by (minipaged/chat.py, serve.py, bench.py, lab.py, simulate.py) sit on top.
 LAYERS = [
     {"backend", "sampling", "outputs"},
     {"attention", "model", "paging", "sequence", "beam"},
-    {"policies", "structured"},  # the seams' policies (structured output's automata too): nothing above
-    {"scheduler", "runner", "viz"},
+    {"policies", "structured"},  # the seams' policies (structured output's automata too)
+    {"scheduler", "runner"},
     {"speculative"},  # proposers: the n-gram lookup, and draft layers run through the runner
     {"config"},  # EngineConfig: every option, each seam's policy named
     {"engine"},
-    {"llm"},
-    {"chat", "serve", "bench", "minipaged"},  # the doors (and __init__)
-    {"lab"},  # the labs: graded pieces, replayed on the benchmarks' traces
-    {"simulate"},  # `python -m minipaged.simulate`, the alias of minipaged.bench.simulate
+    {"llm"},  # the front door: LLM
+    {"minipaged"},  # __init__: `from minipaged import LLM, SamplingParams`
+    {"tools", "tools.viz"},  # pictures of paging, charts, the batch timeline
+    {"tools.chat", "tools.serve", "tools.bench"},  # the chat, the server, the benchmarks
+    {"tools.lab"},  # the labs: graded pieces, replayed on the benchmarks' traces
+    {"tools.simulate"},  # `python -m minipaged.simulate`'s command line
+    {"doors"},  # what `python -m minipaged.NAME` runs: a door into tools/
 ]
+ENGINE_LAYERS = 9
+DOORS = ["chat", "serve", "bench", "lab", "simulate"]
 REQUEST_PATH = ["llm", "engine", "scheduler", "runner", "sequence", "beam", "sampling", "outputs", "policies"]
 
 
@@ -55,9 +63,16 @@ def imports() -> dict[str, set[str]]:
 
 
 def part(module: str) -> str:
-    """The top-level part a module belongs to: 'paging' for minipaged.paging.manager."""
+    """The part a module belongs to: 'paging' for minipaged.paging.manager, 'tools.serve' for
+    minipaged.tools.serve.api, 'doors' for minipaged.serve (the door of `python -m`)."""
     pieces = module.split(".")
-    return pieces[1] if len(pieces) > 1 else "minipaged"
+    if len(pieces) == 1:
+        return "minipaged"
+    if pieces[1] == "tools" and len(pieces) > 2:
+        return "tools." + pieces[2]
+    if len(pieces) == 2 and pieces[1] in DOORS:
+        return "doors"
+    return pieces[1]
 
 
 def layer(module: str) -> int:
@@ -95,17 +110,33 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_simulator_and_the_pictures_never_touch_the_model():
     graph = imports()
-    for module in ("minipaged.bench.simulate", "minipaged.bench.workload", *[m for m in MODULES if part(m) == "viz"]):
+    for module in ("minipaged.tools.bench.simulate", "minipaged.tools.bench.workload", *[m for m in MODULES if part(m) == "tools.viz"]):
         model_side = {t for t in graph[module] if part(t) in {"model", "runner", "engine", "llm", "attention"}}
         assert not model_side, f"{module} imports {model_side}"
 
 
-def test_the_top_level_holds_at_most_twelve_modules_and_each_folder_one_part():
-    top = sorted(p.name for p in ROOT.glob("*.py"))
-    assert len(top) <= 12, top
+def test_the_engine_and_the_machinery_are_apart_at_a_glance():
+    """minipaged/ holds the engine (at most twelve modules and its folders), minipaged/tools/
+    the machinery around it, and a door of a few lines for each `python -m minipaged.NAME`."""
+    top = sorted(p.stem for p in ROOT.glob("*.py"))
+    engine = [name for name in top if name not in DOORS]
+    assert len(engine) <= 12, engine
     folders = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name != "__pycache__")
-    assert set(folders) <= set().union(*LAYERS), folders
+    assert set(folders) <= set().union(*LAYERS[:ENGINE_LAYERS]) | {"tools"}, folders
     assert all((ROOT / f / "__init__.py").exists() for f in folders)
+    tools = sorted(p.name for p in (ROOT / "tools").iterdir() if p.name != "__pycache__")
+    assert {f"tools.{Path(t).stem}" for t in tools} - {"tools.__init__"} <= set().union(*LAYERS)
+    for door in DOORS:
+        lines = MODULES[f"minipaged.{door}"].read_text().splitlines()
+        assert len(lines) <= 10, f"minipaged/{door}.py is a door: {len(lines)} lines"
+        assert all(t.startswith("minipaged.tools.") for t in imports()[f"minipaged.{door}"])
+
+
+def test_nothing_of_the_engine_imports_the_machinery():
+    graph = imports()
+    engine = [m for m in MODULES if layer(m) < ENGINE_LAYERS]
+    reaches = {m: sorted(t for t in graph[m] if part(t).startswith("tools")) for m in engine}
+    assert not {m: t for m, t in reaches.items() if t}, reaches
 
 
 def block_manager_reaches(tree: ast.AST) -> list[str]:

@@ -17,7 +17,7 @@ import pexpect
 import pytest
 
 from minipaged.backend import cuda_available
-from minipaged.chat import parse_args, parse_size
+from minipaged.tools.chat import parse_args, parse_size
 from minipaged.model.offline import offline_default_model
 from minipaged.paging import BlockManager
 from minipaged.model.weights import resolve_model

@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
-from minipaged import chat, simulate
-from minipaged.bench import cli as bench_cli, projections
-from minipaged.bench.common import random_prompts
-from minipaged.bench.workload import RequestSpec
+from minipaged.tools import chat, simulate
+from minipaged.tools.bench import cli as bench_cli, projections
+from minipaged.tools.bench.common import random_prompts
+from minipaged.tools.bench.workload import RequestSpec
 from minipaged.llm import CommandParser
-from minipaged.serve import cli as serve_cli
+from minipaged.tools.serve import cli as serve_cli
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

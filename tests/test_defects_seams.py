@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minipaged.bench import cli as bench_cli
+from minipaged.tools.bench import cli as bench_cli
 from minipaged.paging import KVCache, MemoryMoves
 from test_drum import llm, serve  # noqa: F401, F811 (the drum tests' tiny model and chat trace)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.bench.kernel import SHAPES
-from minipaged.bench.latency import knee
+from minipaged.tools.bench.kernel import SHAPES
+from minipaged.tools.bench.latency import knee
 from minipaged.paging import bytes_per_frame
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged import SamplingParams
-from minipaged.bench.drum import replay
-from minipaged.bench.workload import chat_trace
+from minipaged.tools.bench.drum import replay
+from minipaged.tools.bench.workload import chat_trace
 from minipaged.paging import BlockManager, KVCache, MemoryMoves, NoFreeFramesError, block_hash
 from minipaged.paging.kv_cache import tier_runs
 

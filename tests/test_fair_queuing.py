@@ -11,10 +11,10 @@ import pytest
 from checkpoints import write_checkpoint
 from minipaged import LLM, SamplingParams, policies
 from minipaged.policies.fair import Fair, MostServed
-from minipaged.serve import cli as serve_cli
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
-from minipaged.serve.clients import client_name
+from minipaged.tools.serve import cli as serve_cli
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
+from minipaged.tools.serve.clients import client_name
 from minipaged.sequence import Request, Sequence, Status
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.bench import cli as bench_cli
+from minipaged.tools.bench import cli as bench_cli
 from minipaged.backend import cuda_available
 
 

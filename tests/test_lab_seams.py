@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from minipaged import paging
-from minipaged.lab import engine_run, speculation_lab, working_set_lab
+from minipaged.tools.lab import engine_run, speculation_lab, working_set_lab
 from minipaged.paging import block_table, manager
 from minipaged.policies import Greedy, WorkingSet
 from minipaged.speculative import ngram

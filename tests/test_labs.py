@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.lab import kernel_props
-from minipaged.lab.labs import LABS
-from minipaged.lab.grading import parameters
+from minipaged.tools.lab import kernel_props
+from minipaged.tools.lab.labs import LABS
+from minipaged.tools.lab.grading import parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ def test_a_wrong_implementation_is_caught_by_the_property_it_breaks(lab, mistake
 
 def test_tokens_that_differ_from_the_built_in_engines_fail_the_check(tmp_path, monkeypatch):
     """The participant's engine runs first; one token changed in its result is caught."""
-    from minipaged.lab import engine_run
+    from minipaged.tools.lab import engine_run
     real_run, runs = engine_run.run, []
 
     def run(engine, work):
@@ -147,7 +147,7 @@ def test_the_starters_keep_the_engines_signatures():
 @pytest.mark.parametrize("lab", LABS)
 def test_each_lab_has_graded_hints_and_a_readme_section(lab):
     """Hints go from the idea to the code: no code before the pseudo-code, the code last."""
-    from minipaged.lab.hints import hints
+    from minipaged.tools.lab.hints import hints
     given = hints(LABS[lab].hints_path)
     titles = [title for title, _ in given]
     assert len(given) >= 4 and titles[0] == "The idea" and titles[-2] == "Pseudo-code" and titles[-1] == "The code", titles
@@ -162,7 +162,7 @@ def test_each_lab_has_graded_hints_and_a_readme_section(lab):
 
 def test_hint_shows_the_next_hint_each_time(tmp_path):
     env = dict(os.environ, MINIPAGED_CACHE=str(tmp_path))
-    from minipaged.lab.hints import hints
+    from minipaged.tools.lab.hints import hints
     count = len(hints(LABS[1].hints_path))
 
     def hint(*args):
@@ -226,7 +226,7 @@ def test_a_kernel_that_does_not_compile_says_where(tmp_path):
 
 
 def test_without_the_real_model_a_small_random_one_serves_with_a_note(monkeypatch):
-    from minipaged.lab import engine_run
+    from minipaged.tools.lab import engine_run
     real_llm = engine_run.LLM
 
     def llm(model, **options):
@@ -247,7 +247,7 @@ def test_a_model_that_cannot_be_loaded_is_one_line(tmp_path):
 
 
 def test_an_endless_loop_is_stopped_and_named(tmp_path):
-    from minipaged.lab import grading
+    from minipaged.tools.lab import grading
     path = written(tmp_path, 4, "                if victim is request:\n                    break\n",
                    "                while victim is request:\n                    pass\n")
     module = grading.load(path, ["Scheduler"])
@@ -291,7 +291,7 @@ def test_a_loop_a_crash_or_an_exit_ends_the_check_with_one_sentence(lab, broken,
 def test_every_lab_command_the_readmes_quote_parses_as_typed():
     """labs/README.md and the README quote `python -m minipaged.lab ...` and `make lab ...`: each
     parses (the lab's own parser; make -n), so what a participant types works after setup."""
-    from minipaged.lab.__main__ import build_parser
+    from minipaged.tools.lab.cli import build_parser
     quoted = []
     for doc in (ROOT / "labs/README.md", ROOT / "README.md"):
         text = doc.read_text()

@@ -9,10 +9,10 @@ import types
 import pytest
 
 from checkpoints import write_checkpoint
-from minipaged.bench import cli as bench_cli
-from minipaged.bench import latency as bench_latency
-from minipaged.bench.workload import make_workload
-from minipaged.bench.simulate import PROFILES, poisson_trace, simulate
+from minipaged.tools.bench import cli as bench_cli
+from minipaged.tools.bench import latency as bench_latency
+from minipaged.tools.bench.workload import make_workload
+from minipaged.tools.bench.simulate import PROFILES, poisson_trace, simulate
 
 
 @pytest.fixture(scope="module")

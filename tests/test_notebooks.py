@@ -174,7 +174,7 @@ LABS_OF = {"02_page_tables": [1], "03_kernel": [5], "04_sharing": [2, 3], "05_ba
 def test_each_lab_closes_the_notebook_it_builds_on():
     """The notebook ends with a '## Lab' cell that quotes the lab's starter and check command;
     every lab of minipaged.lab has its notebook."""
-    from minipaged.lab.labs import LABS
+    from minipaged.tools.lab.labs import LABS
     assert sorted(n for labs in LABS_OF.values() for n in labs) == sorted(LABS)
     for path in NOTEBOOKS:
         last = read(path).cells[-1]

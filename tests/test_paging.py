@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from minipaged.bench import cli as bench_cli
+from minipaged.tools.bench import cli as bench_cli
 from minipaged.paging import (BlockAllocator, BlockManager, ContiguousBlockManager, KVCache, MemoryMoves,
                               NoFreeFramesError, PrefixCache, StaticBlockManager, bytes_per_frame,
                               num_blocks_for_memory)

@@ -12,7 +12,7 @@ import pytest
 
 from checkpoints import write_checkpoint
 from minipaged import LLM, SamplingParams, policies
-from minipaged.serve import cli as serve_cli
+from minipaged.tools.serve import cli as serve_cli
 from test_serve_policies import finishing_order_behind_a_stream, server
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from minipaged import chat, simulate
-from minipaged.bench import cli as bench_cli
-from minipaged.serve import cli as serve_cli
+from minipaged.tools import chat, simulate
+from minipaged.tools.bench import cli as bench_cli
+from minipaged.tools.serve import cli as serve_cli
 from minipaged.backend import cuda_available
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,8 @@ import random
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.bench import replacement as rp
-from minipaged.bench.workload import chat_trace
+from minipaged.tools.bench import replacement as rp
+from minipaged.tools.bench.workload import chat_trace
 from minipaged.engine import EngineConfig
 from minipaged.paging import REPLACEMENT_POLICIES, PrefixCache
 
@@ -183,7 +183,7 @@ def test_every_policy_gives_the_engines_greedy_tokens_and_its_own_hits(tiny):
 # ---- the benchmark -----------------------------------------------------------------------------
 
 def test_the_benchmark_reports_every_policy_beside_min(capsys):
-    from minipaged.bench import cli
+    from minipaged.tools.bench import cli
     cli.main(["replacement", "--conversations", "8", "--turns", "3", "--points", "5", "--anomaly-seeds", "4",
               "--json"])
     result = json.loads(capsys.readouterr().out)

@@ -263,7 +263,7 @@ def test_outputs_equal_each_request_run_alone(folder, policy, admission):
 def test_thrashing_benchmark_working_set_near_the_best_hand_tuned_with_fewer_preemptions():
     from argparse import Namespace
 
-    from minipaged.bench.thrashing import simulated_part
+    from minipaged.tools.bench.thrashing import simulated_part
     result = simulated_part(Namespace(sim_requests=60, sim_kv_tokens=[4000], sim_max_num_seqs=[4, 64, 256],
                                       window=16))
     m = result["memories"][4000]
@@ -277,9 +277,9 @@ def test_scheduling_benchmark_short_requests_pass_long_ones_under_sjf_and_priori
     """The benchmark's pieces on the CPU profile (fast): its mix, its priorities, its quarters."""
     import dataclasses
 
-    from minipaged.bench.scheduling import PrioritySimulator, latency_by_size, mixed_workload, priorities_of
-    from minipaged.bench.simulate import PROFILES, poisson_trace
-    from minipaged.bench.workload import RequestSpec
+    from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size, mixed_workload, priorities_of
+    from minipaged.tools.bench.simulate import PROFILES, poisson_trace
+    from minipaged.tools.bench.workload import RequestSpec
     specs = mixed_workload(48, seed=0)
     assert sum(priorities_of(specs)) == len(specs) // 4                   # the longest quarter is marked
     profile, rows = dataclasses.replace(PROFILES["cpu-smollm2"], max_num_seqs=4), {}
@@ -295,8 +295,8 @@ def test_scheduling_benchmark_short_requests_pass_long_ones_under_sjf_and_priori
 
 
 def test_latency_by_size_takes_quarters_by_prompt_plus_output():
-    from minipaged.bench.scheduling import latency_by_size
-    from minipaged.bench.workload import RequestSpec
+    from minipaged.tools.bench.scheduling import latency_by_size
+    from minipaged.tools.bench.workload import RequestSpec
     specs = [RequestSpec(p, o) for p, o in [(50, 50), (1, 1), (10, 10), (5, 5)]]
     row = latency_by_size(specs, {"e2e": [4.0, 1.0, 3.0, 2.0], "waits": [0.5, 0, 0, 0], "seconds": 9, "preemptions": 0})
     assert (row["short_p50"], row["long_p50"], row["max_wait"]) == (1.0, 4.0, 0.5)

@@ -19,8 +19,8 @@ import pytest
 
 from checkpoints import WORDS, write_checkpoint
 from minipaged import LLM, SamplingParams
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
 
 VOCAB = WORDS[5:]  # plain words (no special tokens)
 
@@ -301,7 +301,7 @@ def test_full_queue_gets_503_and_a_hang_up_frees_its_frames(tiny_llm):
 def test_dashboard_snapshot_shows_frames_shared_between_requests(tiny_llm):
     """Two requests with a common prompt prefix map the same frames (the prefix cache); the
     snapshot says which frames each request maps, and they agree with its page tables."""
-    from minipaged.serve.dashboard import Dashboard
+    from minipaged.tools.serve.dashboard import Dashboard
     engine = tiny_llm.new_engine(num_blocks=32, block_size=4)
     preamble = "the paged kv cache holds key and value "
     engine.add_request("a", preamble + "one", SamplingParams(temperature=0, max_tokens=8))
@@ -375,7 +375,7 @@ def test_an_aborted_request_stops_counting_as_unfinished_at_once(tiny_llm):
     """The server's 503 ("full") counts unfinished requests: one whose abort was asked for (its
     client left, or a sibling prompt was refused) holds no place, though the engine thread frees
     it a little later; an abort that comes after the request finished changes nothing."""
-    from minipaged.serve.loop import EngineLoop
+    from minipaged.tools.serve.loop import EngineLoop
 
     async def run():
         loop = EngineLoop(tiny_llm.new_engine(num_blocks=64, block_size=4))

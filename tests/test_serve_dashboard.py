@@ -23,11 +23,11 @@ from checkpoints import WORDS, write_checkpoint
 from minipaged import LLM, SamplingParams, policies
 from minipaged.outputs import StepReport
 from minipaged.paging import BlockManager
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
-from minipaged.serve.clients import OTHER, ClientNames, client_name
-from minipaged.serve.dashboard import LETTERS, PALETTE, WINDOW, Dashboard, Styles, ink, luminance
-from minipaged.serve.metrics import Metrics
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
+from minipaged.tools.serve.clients import OTHER, ClientNames, client_name
+from minipaged.tools.serve.dashboard import LETTERS, PALETTE, WINDOW, Dashboard, Styles, ink, luminance
+from minipaged.tools.serve.metrics import Metrics
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

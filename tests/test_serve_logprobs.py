@@ -16,8 +16,8 @@ import pytest
 from checkpoints import write_checkpoint
 from minipaged import LLM, SamplingParams
 from minipaged.sampling import log_softmax
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
 from test_sampling_controls import reference_greedy, teacher_forced_logits
 
 

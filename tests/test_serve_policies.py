@@ -13,9 +13,9 @@ import pytest
 
 from checkpoints import write_checkpoint
 from minipaged import LLM
-from minipaged.serve import cli as serve_cli
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
+from minipaged.tools.serve import cli as serve_cli
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
 from test_serve import metric
 
 

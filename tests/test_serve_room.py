@@ -21,9 +21,9 @@ import pytest
 
 from checkpoints import write_checkpoint
 from minipaged import LLM
-from minipaged.serve import cli as serve_cli
-from minipaged.serve.api import Server, ServerConfig
-from minipaged.serve.cli import ServerThread
+from minipaged.tools.serve import cli as serve_cli
+from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.cli import ServerThread
 from test_serve import metric, wait_until_idle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,7 +244,7 @@ def test_the_room_benchmark_sees_its_flood_refused_and_serves_everyone_else(tiny
     import argparse
     import asyncio
 
-    from minipaged.bench.serve import ROOM_TOKENS, room_plan, room_run
+    from minipaged.tools.bench.serve import ROOM_TOKENS, room_plan, room_run
     plans = room_plan(argparse.Namespace(seed=0, requests=4, room_clients=2), tiny_llm.model.config.vocab_size)
     assert [len(p) for p in plans] == [2, 2] and all(len(prompt) == 32 for p in plans for _, prompt in p)
     with room(tiny_llm, step_seconds=0.005, max_concurrent_per_client=2) as (server, url):

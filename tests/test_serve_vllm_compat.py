@@ -435,7 +435,7 @@ def test_an_empty_prompt_is_vllms_400(url, prompt):
 
 
 def test_force_include_usage_puts_the_usage_in_every_chunk_of_every_stream(tiny_llm):
-    from minipaged.serve.cli import build_parser
+    from minipaged.tools.serve.cli import build_parser
     assert build_parser().parse_args(["--enable-force-include-usage"]).enable_force_include_usage
     with serve(tiny_llm, force_include_usage=True) as forced:
         body = {"messages": CHAT, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True}
@@ -447,7 +447,7 @@ def test_force_include_usage_puts_the_usage_in_every_chunk_of_every_stream(tiny_
 
 
 def test_root_path_answers_under_the_prefix_and_without_it(tiny_llm):
-    from minipaged.serve.cli import build_parser
+    from minipaged.tools.serve.cli import build_parser
     assert build_parser().parse_args(["--root-path", "/llm"]).root_path == "/llm"
     with serve(tiny_llm, root_path="/llm", api_key="k") as served:
         for base in (f"{served}/v1", f"{served}/llm/v1"):

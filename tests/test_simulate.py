@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from minipaged import simulate as command
-from minipaged.bench import simulate as sim
-from minipaged.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
+from minipaged.tools import simulate as command
+from minipaged.tools.bench import simulate as sim
+from minipaged.tools.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_paging_sustains_a_higher_rate_than_contiguous_memory():
 
 
 def test_a_search_that_starts_from_a_curves_points_runs_less_and_lands_beside_the_full_one(monkeypatch):
-    from minipaged.bench import simulate
+    from minipaged.tools.bench import simulate
     runs, real = [], simulate.simulate   # one entry per simulated run
     monkeypatch.setattr(simulate, "simulate", lambda *args, **options: runs.append(1) or real(*args, **options))
     curve = {p["rate"]: p["normalized_latency"]
@@ -81,7 +81,7 @@ def test_json_of_one_timed_run(capsys):
 
 
 def test_a_trace_too_short_to_saturate_sustains_the_highest_rate_instead_of_hanging():
-    from minipaged.bench import simulate
+    from minipaged.tools.bench import simulate
     assert simulate.max_sustainable_rate("opt-13b-a100", "paged", 1e9, 20, "alpaca") == simulate.MAX_RATE
 
 

@@ -328,7 +328,7 @@ def test_the_benchmark_reports_each_proposer_and_checks_the_outputs(llm, capsys)
     both workloads, greedy outputs identical to plain decoding, plain at 1 token per forward."""
     import json
 
-    from minipaged.bench import cli
+    from minipaged.tools.bench import cli
     cli.main(["speculative", "--model", str(llm.folder), "--device", "cpu", "--k", "2", "4", "--draft-layers", "2",
               "--max-tokens", "12", "--repeats", "2", "--json"])
     result = json.loads(capsys.readouterr().out)

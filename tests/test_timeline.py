@@ -3,7 +3,7 @@
 import numpy as np
 
 from minipaged import LLM, SamplingParams
-from minipaged.viz import Timeline
+from minipaged.tools.viz import Timeline
 
 
 def run(folder, n_requests=8, **options):

@@ -4,7 +4,7 @@ one arrow per logical block to its frame."""
 import re
 
 from minipaged.paging import BlockManager, ContiguousBlockManager
-from minipaged.viz import FrameMap, PageTableView
+from minipaged.tools.viz import FrameMap, PageTableView
 
 
 def forked_manager(num_blocks: int = 12) -> BlockManager:

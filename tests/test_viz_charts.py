@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from minipaged.paging import BlockManager
-from minipaged.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
-from minipaged.viz.charts import BAR_W, PLOT_W, _ticks
-from minipaged.viz.svg import FONT
+from minipaged.tools.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
+from minipaged.tools.viz.charts import BAR_W, PLOT_W, _ticks
+from minipaged.tools.viz.svg import FONT
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 # Page replacement is as old as paging: Belady (1966, "A study of replacement algorithms for a
 # virtual-storage computer") measured RAND, FIFO and the Atlas "learning program" against MIN,
-# the optimum that knows the future (minipaged.bench.replacement computes it); Corbató (1968)
+# the optimum that knows the future (minipaged.tools.bench.replacement computes it); Corbató (1968)
 # gave Multics CLOCK. Here a frame mapped by a running sequence is pinned (in use); only
 # parked frames (ref count 0) can be chosen. Each policy hears when a block's content enters a
 # frame, when the frame is parked, and when it leaves the cache; `victim` chooses among

@@ -1,0 +1,9 @@
+"""`python -m minipaged.bench`: the benchmarks. A door only: the code lives in
+minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
+
+import sys
+
+if __name__ == "__main__":
+    from minipaged.tools.bench.cli import main
+
+    sys.exit(main())
