@@ -1,7 +1,9 @@
-"""Beam search: which beams extend, which fork, which die, applied to the pages by `apply`.
+"""Beam search: which beams extend, which fork, which die, applied to the pages by
+`apply`.
 
 After each forward pass the engine asks `step` what became of its beams (anything with
-`cumulative_logprob` and `output_ids`); the scheduler then `apply`s it: appends, fork()s, frees.
+`cumulative_logprob` and `output_ids`); the scheduler then `apply`s it: appends,
+fork()s, frees.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from minipaged.sampling import log_softmax, most_likely
 class Candidate:
     parent: object  # the beam it continues
     token: int
-    score: float    # cumulative log probability of the beam with this token
+    score: float  # cumulative log probability of the beam with this token
 
 
 @dataclass(slots=True)
 class Hypothesis:
-    """A finished beam: its tokens and score (its sequence's frames are gone or going)."""
+    """A finished beam: its tokens and score (its sequence's frames are gone or
+    going)."""
+
     token_ids: list[int]
     prompt_len: int
     cumulative_logprob: float
@@ -32,32 +36,46 @@ class Hypothesis:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.prompt_len:]
+        return self.token_ids[self.prompt_len :]
 
 
 @dataclass(slots=True)
 class BeamStep:
     """What one step of beam search decided, for the engine to apply."""
-    extend: list[Candidate] = field(default_factory=list)  # a parent's best: appended in place
-    fork: list[Candidate] = field(default_factory=list)    # a parent's others: new beams forked from it
-    drop: list = field(default_factory=list)               # parents with no continuation kept
-    done: list[Candidate] = field(default_factory=list)    # continuations that end the text
+
+    extend: list[Candidate] = field(
+        default_factory=list
+    )  # a parent's best: appended in place
+    fork: list[Candidate] = field(
+        default_factory=list
+    )  # a parent's others: new beams forked from it
+    drop: list = field(default_factory=list)  # parents with no continuation kept
+    done: list[Candidate] = field(
+        default_factory=list
+    )  # continuations that end the text
 
 
-def step(rows: list[tuple[object, np.ndarray]], width: int, ends: Callable[[int], bool]) -> BeamStep:
-    """One step over (beam, logits row) pairs; `ends(token)` says whether a token ends the text.
+def step(
+    rows: list[tuple[object, np.ndarray]], width: int, ends: Callable[[int], bool]
+) -> BeamStep:
+    """One step over (beam, logits row) pairs; `ends(token)` says whether a token ends
+    the text.
 
-    Every live beam proposes its 2 * width most likely next tokens, scored by cumulative log
-    probability; the best `width` that do not end the text become the new beams. A beam with one
-    surviving continuation extends in place; a beam with several is fork()ed for the others
-    (they share its frames, and copy-on-write copies its partial last block at the first write);
-    a beam with none is dropped and its frames are freed. Continuations that end the text are
-    kept as finished hypotheses, ranked by log probability per output token (`score`)."""
+    Every live beam proposes its 2 * width most likely next tokens, scored by cumulative
+    log probability; the best `width` that do not end the text become the new beams. A
+    beam with one surviving continuation extends in place; a beam with several is
+    fork()ed for the others (they share its frames, and copy-on-write copies its partial
+    last block at the first write); a beam with none is dropped and its frames are
+    freed. Continuations that end the text are kept as finished hypotheses, ranked by
+    log probability per output token (`score`).
+    """
     candidates = []
     for beam, logits in rows:
-        logprobs = log_softmax(logits[None])[0]                       # (vocab,) float64
-        candidates += [Candidate(beam, int(t), beam.cumulative_logprob + float(logprobs[t]))
-                       for t in most_likely(logprobs, 2 * width)]
+        logprobs = log_softmax(logits[None])[0]  # (vocab,) float64
+        candidates += [
+            Candidate(beam, int(t), beam.cumulative_logprob + float(logprobs[t]))
+            for t in most_likely(logprobs, 2 * width)
+        ]
     candidates.sort(key=lambda c: -c.score)
     kept, result = [], BeamStep()
     for c in candidates:
@@ -94,11 +112,15 @@ def best(beams: list, n: int) -> list:
 
 
 def apply(request, step: BeamStep, pages, max_model_len: int) -> None:
-    """Apply one step to a request's beams through `pages` (the scheduler: fork_seq, free_seq,
-    finish_seq): finished continuations become hypotheses, dropped beams free their frames,
+    """Apply one step to a request's beams through `pages` (the scheduler: fork_seq,
+    free_seq, finish_seq): finished continuations become hypotheses, dropped beams free
+    their frames,
     the others fork from their parent (before it appends) or extend it in place."""
     p = request.params
-    request.done_beams += [Hypothesis(c.parent.token_ids + [c.token], c.parent.prompt_len, c.score) for c in step.done]
+    request.done_beams += [
+        Hypothesis(c.parent.token_ids + [c.token], c.parent.prompt_len, c.score)
+        for c in step.done
+    ]
     for seq in step.drop:
         seq.finish_reason = "pruned"
         pages.free_seq(seq)
@@ -121,7 +143,12 @@ def apply(request, step: BeamStep, pages, max_model_len: int) -> None:
 
 
 def outputs(request, decode) -> list[CompletionOutput]:
-    """The n best hypotheses of a finished search, best first (aborted: its live beams count too)."""
+    """The n best hypotheses of a finished search, best first (aborted: its live beams
+    count too)."""
     aborted = [s for s in request.seqs if s.finish_reason == "abort"]
-    return [CompletionOutput(i, decode(s.output_ids), s.output_ids, s.finish_reason, s.cumulative_logprob)
-            for i, s in enumerate(best(request.done_beams + aborted, request.params.n))]
+    return [
+        CompletionOutput(
+            i, decode(s.output_ids), s.output_ids, s.finish_reason, s.cumulative_logprob
+        )
+        for i, s in enumerate(best(request.done_beams + aborted, request.params.n))
+    ]

@@ -1,8 +1,9 @@
 """The continuous batcher (Orca's iteration-level scheduling over vLLM's paged memory).
 
 Each step, `schedule()` picks the batch and the frames it needs; after the forward pass,
-`update()` appends the sampled tokens, forks beams and finishes sequences. The engine and the
-simulator call the same two. Every choice an idea changes is asked of a policy (policies/).
+`update()` appends the sampled tokens, forks beams and finishes sequences. The engine
+and the simulator call the same two. Every choice an idea changes is asked of a policy
+(policies/).
 """
 
 from __future__ import annotations
@@ -19,26 +20,37 @@ from minipaged.sequence import Request, Sequence, Status
 
 @dataclass(slots=True)
 class Scheduled:
-    """One sequence in this step's batch: its `num_new_tokens` tokens after `seq.num_computed`
-    are computed (all of them but at a prompt chunk that is not its last).
-    `samplers` are the sequences that take their next token from its logits (itself, or all n
+    """One sequence in this step's batch: its `num_new_tokens` tokens after
+    `seq.num_computed` are computed (all of them but at a prompt chunk that is not its
+    last). `samplers` are the sequences that take their next token from its logits
+    (itself, or all n
     samples of a prompt that they still share)."""
+
     seq: Sequence
     request: Request
     num_new_tokens: int
     samplers: list[Sequence]
     kind: str = "decode"  # or "prefill": the sequence's tokens enter the cache now
-    extra_slots: int = 0  # the lookahead's slots after its next token (tokens it may run too)
+    extra_slots: int = (
+        0  # the lookahead's slots after its next token (tokens it may run too)
+    )
 
 
 @dataclass(slots=True)
 class Batch:
     """What one step runs, and the memory moves to make before it runs."""
+
     scheduled: list[Scheduled] = field(default_factory=list)
-    padding: list[tuple[Request, Sequence]] = field(default_factory=list)  # static: finished rows, computed anyway
-    moves: MemoryMoves = field(default_factory=MemoryMoves)  # swaps and copy-on-write, before the forward
-    preempted: list[tuple[str, str]] = field(default_factory=list)  # (request_id, "recompute"/"swap")
-    cached_tokens: int = 0                                     # prefix-cache hits admitted
+    padding: list[tuple[Request, Sequence]] = field(
+        default_factory=list
+    )  # static: finished rows, computed anyway
+    moves: MemoryMoves = field(
+        default_factory=MemoryMoves
+    )  # swaps and copy-on-write, before the forward
+    preempted: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (request_id, "recompute"/"swap")
+    cached_tokens: int = 0  # prefix-cache hits admitted
 
     @property
     def num_tokens(self) -> int:
@@ -48,71 +60,106 @@ class Batch:
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 0      # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
-    preemption_mode: str = "recompute"   # or "swap"
-    watermark: float = 0.01              # fraction of frames admission leaves free
-    max_model_len: int = 2048            # the longest a sequence may grow
-    batching: str = "continuous"         # or "static": the pre-Orca baseline (policies/batching.py)
-    chunked_prefill: bool = False        # split prompts to fit max_num_batched_tokens per step
-    # the seams (policies/): a name of WAITING_ORDERS / ADMISSIONS, a "module:Class" path, or an object
-    scheduling_policy: object = "fcfs"   # the waiting order (vLLM's name for the option)
-    admission: object = "greedy"         # may a request join now
-    preemption_victim: object = None     # whom to preempt; None: the waiting order's, else the newest
-    aging_rate: float = 8.0              # a setting of the waiting order that reads it
-    admission_window: int = 16           # a setting of the admission that reads it
+    max_num_batched_tokens: int = (
+        0  # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
+    )
+    preemption_mode: str = "recompute"  # or "swap"
+    watermark: float = 0.01  # fraction of frames admission leaves free
+    max_model_len: int = 2048  # the longest a sequence may grow
+    batching: str = (
+        "continuous"  # or "static": the pre-Orca baseline (policies/batching.py)
+    )
+    chunked_prefill: bool = (
+        False  # split prompts to fit max_num_batched_tokens per step
+    )
+    # the seams (policies/): a name of WAITING_ORDERS / ADMISSIONS, a "module:Class"
+    # path, or an object
+    scheduling_policy: object = "fcfs"  # the waiting order (vLLM's name for the option)
+    admission: object = "greedy"  # may a request join now
+    preemption_victim: object = (
+        None  # whom to preempt; None: the waiting order's, else the newest
+    )
+    aging_rate: float = 8.0  # a setting of the waiting order that reads it
+    admission_window: int = 16  # a setting of the admission that reads it
 
     def __post_init__(self):
         policies.scheduler_policies(self)  # a bad name or setting, now
         if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+            raise ValueError(
+                "preemption_mode must be 'recompute' or 'swap', got"
+                f" {self.preemption_mode!r}"
+            )
         if self.batching not in policies.SEAMS["scheduler"]:
-            raise ValueError(f"scheduler must be one of {sorted(policies.SEAMS['scheduler'])}, got {self.batching!r}")
+            raise ValueError(
+                f"scheduler must be one of {sorted(policies.SEAMS['scheduler'])}, got"
+                f" {self.batching!r}"
+            )
         if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
-            raise ValueError(f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+            raise ValueError(
+                f"watermark must be a fraction in [0, 1), got {self.watermark!r}"
+            )
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
-            self.max_num_batched_tokens = 512 if self.chunked_prefill else max(4096, self.max_model_len)
-        policies.check_options(batching=self.batching, chunked_prefill=self.chunked_prefill,
-                               max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len)
+            self.max_num_batched_tokens = (
+                512 if self.chunked_prefill else max(4096, self.max_model_len)
+            )
+        policies.check_options(
+            batching=self.batching,
+            chunked_prefill=self.chunked_prefill,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
 
 
 class Scheduler:
-    """Batching over a BlockManager. Three queues: `waiting` (not yet in memory), `running`
-    (frames on the device) and `swapped` (frames in host memory). Each `schedule()`:
+    """Batching over a BlockManager. Three queues: `waiting` (not yet in memory),
+    `running` (frames on the device) and `swapped` (frames in host memory). Each
+    `schedule()`:
 
-    1. Running requests each get a slot for their next token. When frames run out, a request is
-       preempted (`victim`'s choice; by default the most recently admitted): by *recompute*
-       (its frames are freed and it goes back to the front of `waiting`, to be prefilled again)
-       or by *swap* (its frames are copied to host memory and it waits in `swapped`).
+    1. Running requests each get a slot for their next token. When frames run out, a
+       request is preempted (`victim`'s choice; by default the most recently admitted):
+       by *recompute* (its frames are freed and it goes back to the front of `waiting`,
+       to be prefilled again) or by *swap* (its frames are copied to host memory and it
+       waits in `swapped`).
     2. If nobody was preempted, swapped requests come back first, oldest first.
-    3. If nobody is swapped out, waiting requests are admitted in `order`'s choice while they
-       fit (`_fits`): their frames, keeping a small watermark free so running sequences can
-       grow, and what `admission` promises to growth; within `max_num_seqs` sequences and
-       `max_num_batched_tokens` tokens per step.
-    4. A `lookahead` may give decode rows slots for extra tokens, checked by the same forward.
+    3. If nobody is swapped out, waiting requests are admitted in `order`'s choice while
+       they fit (`_fits`): their frames, keeping a small watermark free so running
+       sequences can grow, and what `admission` promises to growth; within
+       `max_num_seqs` sequences and `max_num_batched_tokens` tokens per step.
+    4. A `lookahead` may give decode rows slots for extra tokens, checked by the same
+       forward.
 
-    Prefill and decode share a step: a newly admitted prompt joins the running decodes at once.
-    With `chunked_prefill`, decodes go first and a prompt takes what is left of the token budget,
-    a chunk per step; while a prompt is part-computed nobody else is admitted (a prefix-cache hit
-    on its blocks would read K and V not written yet) and it is never preempted. `batching`
-    (policies/batching.py) says whether requests join a running batch, whether admission
-    reserves the whole run, and whether finished rows stay as padding.
+    Prefill and decode share a step: a newly admitted prompt joins the running decodes
+    at once. With `chunked_prefill`, decodes go first and a prompt takes what is left of
+    the token budget, a chunk per step; while a prompt is part-computed nobody else is
+    admitted (a prefix-cache hit on its blocks would read K and V not written yet) and
+    it is never preempted. `batching` (policies/batching.py) says whether requests join
+    a running batch, whether admission reserves the whole run, and whether finished rows
+    stay as padding.
     """
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, lookahead=None):
         self.config, self.blocks, self.lookahead = config, blocks, lookahead
         self.batching = policies.SEAMS["scheduler"][config.batching]
         self.order, self.admission, self.victim = policies.scheduler_policies(config)
-        self.served = policies.listener(self.order)  # the order hears what each row was served
+        self.served = policies.listener(
+            self.order
+        )  # the order hears what each row was served
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.padding: list[tuple[Request, Sequence]] = []  # static: finished rows of the batch
-        self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}  # (seq, samplers) left
+        self.padding: list[
+            tuple[Request, Sequence]
+        ] = []  # static: finished rows of the batch
+        self.prefilling: dict[
+            Request, list[tuple[Sequence, list[Sequence]]]
+        ] = {}  # (seq, samplers) left
         self.watermark_frames = int(config.watermark * blocks.num_frames)
-        self.seq_ids = itertools.count()  # new sequences' ids: a request's samples, beams' forks
-        self.steps = 0                    # schedule() calls so far: the time waits are counted in
+        self.seq_ids = (
+            itertools.count()
+        )  # new sequences' ids: a request's samples, beams' forks
+        self.steps = 0  # schedule() calls so far: the time waits are counted in
 
     def add(self, request: Request, priority: int = 0) -> None:
         request.arrival, request.priority = self.steps, priority
@@ -122,52 +169,77 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> Batch:
-        """This step's batch, whole: who runs, their tokens, and the memory moves to make first."""
+        """This step's batch, whole: who runs, their tokens, and the memory moves to
+        make first."""
         batch, self.steps = Batch(), self.steps + 1
         self._reserve_decode_slots(batch)
         if not batch.preempted:
             self._swap_in(batch)
         for request in list(self.prefilling):
             self._schedule_prefill(request, batch)
-        if (not batch.preempted and not self.swapped and not self.prefilling
-                and (self.batching.joins_running_batch or not self.running)):
+        if (
+            not batch.preempted
+            and not self.swapped
+            and not self.prefilling
+            and (self.batching.joins_running_batch or not self.running)
+        ):
             self._admit(batch)
         batch.padding = list(self.padding)
         if self.lookahead is not None:
-            self.lookahead.reserve(batch, self.config.max_num_batched_tokens - batch.num_tokens,
-                                   self.config.max_model_len)
-        batch.moves.tier = self.blocks.take_tier_moves()  # the tier's stores and loads, in order
+            self.lookahead.reserve(
+                batch,
+                self.config.max_num_batched_tokens - batch.num_tokens,
+                self.config.max_model_len,
+            )
+        batch.moves.tier = (
+            self.blocks.take_tier_moves()
+        )  # the tier's stores and loads, in order
         return batch
 
     def new_seq_id(self) -> int:
         return next(self.seq_ids)
 
-    def update(self, batch: Batch, tokens: dict[Sequence, int], stopped=frozenset(),
-               beams: dict[Request, beam.BeamStep] | None = None,
-               accepted: dict[Sequence, list[int]] | None = None) -> list[Request]:
-        """After the forward pass: every scheduled sequence's new tokens now have K and V in the
-        cache; each sampler appends its `accepted` extra tokens (the lookahead's, computed this
-        step) and its token (a beam search applies its BeamStep instead), and finishes if it is
-        in `stopped` (eos, a stop string) or at its length limit. Returns the requests that
+    def update(
+        self,
+        batch: Batch,
+        tokens: dict[Sequence, int],
+        stopped=frozenset(),
+        beams: dict[Request, beam.BeamStep] | None = None,
+        accepted: dict[Sequence, list[int]] | None = None,
+    ) -> list[Request]:
+        """After the forward pass: every scheduled sequence's new tokens now have K and
+        V in the cache; each sampler appends its `accepted` extra tokens (the
+        lookahead's, computed this step) and its token (a beam search applies its
+        BeamStep instead), and finishes if it is in `stopped` (eos, a stop string) or at
+        its length limit. Returns the requests that
         finished, in the order they ran."""
         request_of, accepted = {}, accepted or {}
         for s in batch.scheduled:
             s.seq.num_computed += s.num_new_tokens  # (a prompt chunk samples nothing)
-            self.served(s.request, s.num_new_tokens + len(accepted.get(s.seq, ())), s.kind)  # (extra: kept ones)
+            self.served(
+                s.request, s.num_new_tokens + len(accepted.get(s.seq, ())), s.kind
+            )  # (extra: kept ones)
             for seq in s.samplers:  # forked samples share the prompt's cache
                 seq.num_computed = len(s.seq.token_ids)
                 request_of[seq] = s.request
         for seq, token in tokens.items():
-            seq.num_computed += len(accepted.get(seq, ()))  # accepted extra tokens have their K and V
+            seq.num_computed += len(
+                accepted.get(seq, ())
+            )  # accepted extra tokens have their K and V
             seq.token_ids += [*accepted.get(seq, ()), token]
             request = request_of[seq]
             if seq in stopped:
                 self.finish_seq(request, seq, "stop")
-            elif len(seq.output_ids) >= request.params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
+            elif (
+                len(seq.output_ids) >= request.params.max_tokens
+                or len(seq.token_ids) >= self.config.max_model_len
+            ):
                 self.finish_seq(request, seq, "length")
         for request, step in (beams or {}).items():
             beam.apply(request, step, self, self.config.max_model_len)
-        finished = [r for r in dict.fromkeys(s.request for s in batch.scheduled) if not r.live]
+        finished = [
+            r for r in dict.fromkeys(s.request for s in batch.scheduled) if not r.live
+        ]
         for request in finished:
             self.finish(request)
         return finished
@@ -179,7 +251,8 @@ class Scheduler:
         self.finish(request)
 
     def finish(self, request: Request) -> None:
-        """A request whose sequences are all finished (or aborted) leaves its queue. A static
+        """A request whose sequences are all finished (or aborted) leaves its queue. A
+        static
         batch ends with its last request: then its padding rows leave too."""
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
@@ -192,25 +265,36 @@ class Scheduler:
             self.padding.clear()
 
     def worst_case_frames(self, prompt_len: int, params) -> int:
-        """The most frames a request can hold at once: every sample or beam with its own copy of
+        """The most frames a request can hold at once: every sample or beam with its own
+        copy of
         prompt and output, as after a recompute (what must fit the pool, even alone)."""
         final_len = min(prompt_len + params.max_tokens, self.config.max_model_len)
-        return max(params.n, params.beam_width) * self.blocks.frames_to_admit(final_len, final_len)
+        return max(params.n, params.beam_width) * self.blocks.frames_to_admit(
+            final_len, final_len
+        )
 
-    # ---- sequences: fork, finish, free ----------------------------------------------------
+    # ---- sequences: fork, finish, free
+    # ----------------------------------------------------
     def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
-        """fork(): the child maps all of the parent's frames (ref counts +1); the first write
-        into a shared frame copies it. Samples fork at admission, beams when they branch."""
+        """fork(): the child maps all of the parent's frames (ref counts +1); the first
+        write into a shared frame copies it. Samples fork at admission, beams when they
+        branch.
+        """
         self.blocks.fork(parent.seq_id, child.seq_id)
         child.num_computed = parent.num_computed
         return child
 
     def fork_seq(self, parent: Sequence) -> Sequence:
-        """A new sequence forked from `parent`, with its tokens so far (a beam that branches)."""
-        return self._fork(parent, Sequence(self.new_seq_id(), list(parent.token_ids), parent.prompt_len))
+        """A new sequence forked from `parent`, with its tokens so far (a beam that
+        branches)."""
+        return self._fork(
+            parent,
+            Sequence(self.new_seq_id(), list(parent.token_ids), parent.prompt_len),
+        )
 
     def finish_seq(self, request: Request, seq: Sequence, reason: str) -> None:
-        """A sequence is done: its frames go back at once (static: at the end of its batch)."""
+        """A sequence is done: its frames go back at once (static: at the end of its
+        batch)."""
         seq.finish_reason = reason
         if self.batching.keeps_finished_rows and self.blocks.has(seq.seq_id):
             self.padding.append((request, seq))
@@ -218,23 +302,31 @@ class Scheduler:
             self.free_seq(seq)
 
     def free_seq(self, seq: Sequence) -> None:
-        """Release a sequence's frames now (a pruned beam, the end of a batch, an abort)."""
+        """Release a sequence's frames now (a pruned beam, the end of a batch, an
+        abort)."""
         if self.blocks.has(seq.seq_id):
             self.blocks.free(seq.seq_id, seq.num_computed)
 
-    # ---- the three phases ---------------------------------------------------------------
+    # ---- the three phases
+    # ---------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
         """Every live sequence of every running request gets a slot for its next token,
-        preempting the victim's choice while the frames do not suffice: among this request and
-        those not yet scheduled this step (never a part-computed prompt), in admission order."""
+        preempting the victim's choice while the frames do not suffice: among this
+        request and those not yet scheduled this step (never a part-computed prompt), in
+        admission order.
+        """
         queue, self.running = deque(self.running), []
         while queue:
             request = queue.popleft()
-            if request in self.prefilling:  # its prompt's frames are mapped: it needs no slot
+            if (
+                request in self.prefilling
+            ):  # its prompt's frames are mapped: it needs no slot
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = self.victim.choose([request] + [r for r in queue if r not in self.prefilling])
+                victim = self.victim.choose(
+                    [request] + [r for r in queue if r not in self.prefilling]
+                )
                 if victim is not request:
                     queue.remove(victim)
                 self._preempt(victim, batch)
@@ -247,16 +339,21 @@ class Scheduler:
         while self.swapped:
             request = self.swapped[0]
             ids = [s.seq_id for s in request.live]
-            if (not self.blocks.can_swap_in(*ids)
-                    or self._num_running_seqs() + request.width > self.config.max_num_seqs):
+            if (
+                not self.blocks.can_swap_in(*ids)
+                or self._num_running_seqs() + request.width > self.config.max_num_seqs
+            ):
                 return
             self.swapped.popleft()
             batch.moves.swap_in += self.blocks.swap_in(*ids)
-            self._schedule_decode(request, batch)  # its next token was sampled before it left
+            self._schedule_decode(
+                request, batch
+            )  # its next token was sampled before it left
 
     def _admit(self, batch: Batch) -> None:
-        """Admit waiting requests, the waiting order's choice first, while each one fits; the
-        first that does not stops admission (nobody overtakes it). The frames the admission
+        """Admit waiting requests, the waiting order's choice first, while each one
+        fits; the first that does not stops admission (nobody overtakes it). The frames
+        the admission
         policy promises to the running requests' growth are not free to take."""
         if not self.waiting:
             return
@@ -274,28 +371,51 @@ class Scheduler:
             if self.prefilling:  # a part-computed prompt: nobody may hit its blocks yet
                 return
 
-    def _fits(self, request: Request, mapped: list[Sequence], frames: int, free: int, batch: Batch) -> bool:
-        """May this request join now: its sequences within max_num_seqs, its prompt tokens within
-        the step's budget, its frames within the free frames less the watermark (and in one
-        piece, for a contiguous allocator). A request that fits an idle engine is always
+    def _fits(
+        self,
+        request: Request,
+        mapped: list[Sequence],
+        frames: int,
+        free: int,
+        batch: Batch,
+    ) -> bool:
+        """May this request join now: its sequences within max_num_seqs, its prompt
+        tokens within the step's budget, its frames within the free frames less the
+        watermark (and in one piece, for a contiguous allocator). A request that fits an
+        idle engine is always
         admitted, limits and watermark aside, or it would wait forever."""
         if self.running:
-            tokens = 1 if self.config.chunked_prefill else sum(len(s.token_ids) for s in mapped)
-            if (self._num_running_seqs() + request.width > self.config.max_num_seqs
-                    or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
+            tokens = (
+                1
+                if self.config.chunked_prefill
+                else sum(len(s.token_ids) for s in mapped)
+            )
+            if (
+                self._num_running_seqs() + request.width > self.config.max_num_seqs
+                or batch.num_tokens + tokens > self.config.max_num_batched_tokens
+            ):
                 return False
-        keep_free = 0 if not self.running or self.batching.reserves_whole_run else self.watermark_frames
-        return frames <= free - keep_free and self.blocks.can_reserve(frames // len(mapped))
+        keep_free = (
+            0
+            if not self.running or self.batching.reserves_whole_run
+            else self.watermark_frames
+        )
+        return frames <= free - keep_free and self.blocks.can_reserve(
+            frames // len(mapped)
+        )
 
     def _growth(self, request: Request) -> int:
-        """The frames admission promises to a request's growth (a whole-run reservation has none left)."""
+        """The frames admission promises to a request's growth (a whole-run reservation
+        has none left)."""
         if self.batching.reserves_whole_run:
             return 0
         return self.admission.growth(request, self.blocks, self._final_len(request))
 
-    # ---- the steps they share -------------------------------------------------------------
+    # ---- the steps they share
+    # -------------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
-        """One new slot per live sequence for its last sampled token (copying a shared frame
+        """One new slot per live sequence for its last sampled token (copying a shared
+        frame
         first where needed); the request runs this step."""
         for seq in request.live:
             _, cow = self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
@@ -306,67 +426,98 @@ class Scheduler:
         self.running.append(request)
 
     def _to_map(self, request: Request) -> list[Sequence]:
-        """The sequences admission maps into frames: a fresh request with n > 1 samples maps
-        one, and the others fork() from it; after a recompute, each live one is mapped."""
+        """The sequences admission maps into frames: a fresh request with n > 1 samples
+        maps one, and the others fork() from it; after a recompute, each live one is
+        mapped.
+        """
         live = request.live
         fresh = len(live) > 1 and not any(s.output_ids for s in live)
         return live[:1] if fresh else live
 
     def _frames_to_admit(self, request: Request, mapped: list[Sequence]) -> int:
-        """Frames admission counts: the prompts' now (continuous: sequences grow later and are
-        preempted if they must), or the worst case of the whole run (static: nobody is
-        preempted, so every sequence's reservation is taken at once). A contiguous allocator
+        """Frames admission counts: the prompts' now (continuous: sequences grow later
+        and are preempted if they must), or the worst case of the whole run (static:
+        nobody is preempted, so every sequence's reservation is taken at once). A
+        contiguous allocator
         counts the chunk it reserves either way."""
         if self.batching.reserves_whole_run:
             return self.worst_case_frames(len(request.prompt_token_ids), request.params)
-        return sum(self.blocks.frames_to_admit(len(s.token_ids), self._final_len(request)) for s in mapped)
+        return sum(
+            self.blocks.frames_to_admit(len(s.token_ids), self._final_len(request))
+            for s in mapped
+        )
 
     def _final_len(self, request: Request) -> int:
-        """The longest the request's sequences can grow (a contiguous allocator reserves for it)."""
-        return min(len(request.prompt_token_ids) + request.params.max_tokens, self.config.max_model_len)
+        """The longest the request's sequences can grow (a contiguous allocator reserves
+        for it)."""
+        return min(
+            len(request.prompt_token_ids) + request.params.max_tokens,
+            self.config.max_model_len,
+        )
 
     def _allocate(self, request: Request, mapped: list[Sequence], batch: Batch) -> None:
-        """Map the sequences (prefix-cache hits reused), fork the rest of a fresh request's
-        samples (they share the prompt's frames and sample from the same logits), and schedule
+        """Map the sequences (prefix-cache hits reused), fork the rest of a fresh
+        request's samples (they share the prompt's frames and sample from the same
+        logits), and schedule
         the tokens not yet in the cache (or their first chunk)."""
         first, live = mapped[0], request.live
         for seq in mapped:
-            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids, self._final_len(request),
-                                                    read_cache=not request.params.skip_reading_prefix_cache)
+            seq.num_computed = self.blocks.allocate(
+                seq.seq_id,
+                seq.token_ids,
+                self._final_len(request),
+                read_cache=not request.params.skip_reading_prefix_cache,
+            )
             batch.cached_tokens += seq.num_computed
-        for seq in live[len(mapped):]:
+        for seq in live[len(mapped) :]:
             self._fork(first, seq)
-        if not first.output_ids:  # first admission: later ones find generated tokens cached too
+        if (
+            not first.output_ids
+        ):  # first admission: later ones find generated tokens cached too
             request.num_cached_tokens = first.num_computed
         request.status = Status.RUNNING
         self.running.append(request)
-        self.prefilling[request] = [(seq, live if len(mapped) < len(live) else [seq]) for seq in mapped]
+        self.prefilling[request] = [
+            (seq, live if len(mapped) < len(live) else [seq]) for seq in mapped
+        ]
         self._schedule_prefill(request, batch)
 
     def _schedule_prefill(self, request: Request, batch: Batch) -> None:
-        """Schedule the request's prompt tokens not yet computed: all of them, or with chunked
-        prefill what this step's token budget leaves (the samplers run at the last chunk). The
-        several sequences of a recomputed request are prefilled in one step: they sample together."""
+        """Schedule the request's prompt tokens not yet computed: all of them, or with
+        chunked prefill what this step's token budget leaves (the samplers run at the
+        last chunk). The several sequences of a recomputed request are prefilled in one
+        step: they sample together.
+        """
         pending = self.prefilling[request]
         chunked = self.config.chunked_prefill and len(pending) == 1
         while pending:
             seq, samplers = pending[0]
             left = len(seq.token_ids) - seq.num_computed
-            n = min(left, self.config.max_num_batched_tokens - batch.num_tokens) if chunked else left
+            n = (
+                min(left, self.config.max_num_batched_tokens - batch.num_tokens)
+                if chunked
+                else left
+            )
             if n < 1:
                 return
-            batch.scheduled.append(Scheduled(seq, request, n, samplers if n == left else [], "prefill"))
+            batch.scheduled.append(
+                Scheduled(seq, request, n, samplers if n == left else [], "prefill")
+            )
             if n < left:
                 return
             pending.pop(0)
         del self.prefilling[request]
 
     def _preempt(self, request: Request, batch: Batch) -> None:
-        """Take a running request's frames away: to host memory (swap; recompute when the host
-        pool is full too) or for good (recompute). The caller drops it from `running`."""
+        """Take a running request's frames away: to host memory (swap; recompute when
+        the host pool is full too) or for good (recompute). The caller drops it from
+        `running`.
+        """
         ids = [s.seq_id for s in request.live]
         mode = self.config.preemption_mode
-        if mode == "swap" and self.blocks.can_swap_out(*ids):  # (contiguous: never, no host pool)
+        if mode == "swap" and self.blocks.can_swap_out(
+            *ids
+        ):  # (contiguous: never, no host pool)
             batch.moves.swap_out += self.blocks.swap_out(*ids)
             request.status = Status.SWAPPED
             self.swapped.append(request)
@@ -383,5 +534,14 @@ class Scheduler:
         return sum(r.width for r in self.running)
 
 
-__all__ = ["Scheduler", "SchedulerConfig", "WAITING_ORDERS", "ADMISSIONS", "Sequence", "Request", "Batch",
-           "Scheduled", "Status"]
+__all__ = [
+    "Scheduler",
+    "SchedulerConfig",
+    "WAITING_ORDERS",
+    "ADMISSIONS",
+    "Sequence",
+    "Request",
+    "Batch",
+    "Scheduled",
+    "Status",
+]

@@ -1,4 +1,5 @@
-"""`python -m minipaged.serve`: the OpenAI-compatible server and its dashboard. A door only: the code lives in
+"""`python -m minipaged.serve`: the OpenAI-compatible server and its dashboard. A door
+only: the code lives in
 minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
 
 import sys

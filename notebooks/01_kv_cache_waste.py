@@ -42,7 +42,9 @@ from minipaged.tools.viz import BarChart, LineChart
 
 llm = LLM()  # SmolLM2-135M-Instruct: on a GPU if there is one, else NumPy on the CPU
 config = llm.model.config
-print(f"{llm.model_name} on {llm.device} in {llm.dtype}, loaded in {llm.load_seconds:.1f} s")
+print(
+    f"{llm.model_name} on {llm.device} in {llm.dtype}, loaded in {llm.load_seconds:.1f} s"
+)
 
 # %% [markdown]
 # ## What one token costs
@@ -58,18 +60,31 @@ print(f"{llm.model_name} on {llm.device} in {llm.dtype}, loaded in {llm.load_sec
 # one token's share.
 
 # %%
-per_token = bytes_per_frame(config.num_layers, config.num_kv_heads, config.head_dim,
-                            block_size=1, dtype=llm.dtype)
-per_token_fp16 = bytes_per_frame(config.num_layers, config.num_kv_heads, config.head_dim,
-                                 block_size=1, dtype="float16")
-display(Markdown(
-    f"SmolLM2 has {config.num_layers} layers and {config.num_kv_heads} KV heads of {config.head_dim} "
-    f"numbers (its {config.num_heads} query heads share them, {config.num_heads // config.num_kv_heads} "
-    f"to a KV head). In {llm.dtype} one token costs 2 × {config.num_layers} × {config.num_kv_heads} × "
-    f"{config.head_dim} × {np.dtype(llm.dtype).itemsize} = **{per_token:,} bytes** "
-    f"({per_token / 1024:.0f} KiB); in float16 on a GPU, {per_token_fp16:,}. A slab for "
-    f"{llm.max_model_len:,} tokens, the longest answer this engine accepts, takes "
-    f"**{llm.max_model_len * per_token / 2**20:,.0f} MiB**, for one request."))
+per_token = bytes_per_frame(
+    config.num_layers,
+    config.num_kv_heads,
+    config.head_dim,
+    block_size=1,
+    dtype=llm.dtype,
+)
+per_token_fp16 = bytes_per_frame(
+    config.num_layers,
+    config.num_kv_heads,
+    config.head_dim,
+    block_size=1,
+    dtype="float16",
+)
+display(
+    Markdown(
+        f"SmolLM2 has {config.num_layers} layers and {config.num_kv_heads} KV heads of {config.head_dim} "
+        f"numbers (its {config.num_heads} query heads share them, {config.num_heads // config.num_kv_heads} "
+        f"to a KV head). In {llm.dtype} one token costs 2 × {config.num_layers} × {config.num_kv_heads} × "
+        f"{config.head_dim} × {np.dtype(llm.dtype).itemsize} = **{per_token:,} bytes** "
+        f"({per_token / 1024:.0f} KiB); in float16 on a GPU, {per_token_fp16:,}. A slab for "
+        f"{llm.max_model_len:,} tokens, the longest answer this engine accepts, takes "
+        f"**{llm.max_model_len * per_token / 2**20:,.0f} MiB**, for one request."
+    )
+)
 
 # %% [markdown]
 # ## Growing a cache, token by token
@@ -85,13 +100,19 @@ display(Markdown(
 # shows what paging would have taken. Notebook 2 opens it up.
 
 # %%
-question = [{"role": "user", "content": "What is a page table? Answer in one sentence."}]
+question = [
+    {"role": "user", "content": "What is a page table? Answer in one sentence."}
+]
 prompt_ids = llm.tokenizer.encode_chat(question)
 reserved = 512
-cache = ContiguousKVCache(config, num_seqs=1, max_len=reserved, xp=llm.model.xp, dtype=llm.model.dtype)
+cache = ContiguousKVCache(
+    config, num_seqs=1, max_len=reserved, xp=llm.model.xp, dtype=llm.model.dtype
+)
 pages = BlockManager(num_blocks=reserved // 16, block_size=16)
 print(f"prompt: {len(prompt_ids)} tokens")
-print(f"K slab: {cache.k.shape} (layers, sequences, max_len, kv_heads, head_dim); V the same")
+print(
+    f"K slab: {cache.k.shape} (layers, sequences, max_len, kv_heads, head_dim); V the same"
+)
 
 # %% [markdown]
 # Now the decode loop: one forward pass over the whole prompt (the **prefill**), then one pass
@@ -103,16 +124,22 @@ print(f"K slab: {cache.k.shape} (layers, sequences, max_len, kv_heads, head_dim)
 tokens, new, growth = list(prompt_ids), list(prompt_ids), []
 pages.allocate("answer", prompt_ids)
 while len(tokens) - len(prompt_ids) < 64:
-    positions = cache.begin_step(rows=[0], query_lens=[len(new)])  # where the new K and V go
+    positions = cache.begin_step(
+        rows=[0], query_lens=[len(new)]
+    )  # where the new K and V go
     logits = llm.model.forward(new, positions, cache, logits_indices=[len(new) - 1])
-    growth.append((cache.lengths[0], pages.usage().allocated_slots))  # (tokens held, paged slots)
+    growth.append(
+        (cache.lengths[0], pages.usage().allocated_slots)
+    )  # (tokens held, paged slots)
     token = int(logits[0].argmax())
     tokens.append(token)
     new = [token]
     if token in llm.eos_token_ids:
         break
-    pages.append_slot("answer", token)  # the page table follows the slab: one more token
-answer = tokens[len(prompt_ids):]
+    pages.append_slot(
+        "answer", token
+    )  # the page table follows the slab: one more token
+answer = tokens[len(prompt_ids) :]
 print(llm.tokenizer.decode(answer))
 
 # %% [markdown]
@@ -120,11 +147,16 @@ print(llm.tokenizer.decode(answer))
 # greedy answer:
 
 # %%
-out = llm.generate([{"prompt_token_ids": prompt_ids}], SamplingParams(temperature=0, max_tokens=64),
-                   use_tqdm=False)
+out = llm.generate(
+    [{"prompt_token_ids": prompt_ids}],
+    SamplingParams(temperature=0, max_tokens=64),
+    use_tqdm=False,
+)
 same = out[0].outputs[0].token_ids == answer
 assert same, "the loop above should give the engine's greedy tokens"
-display(Markdown(f"`llm.generate` answers with the same {len(answer)} tokens: **{same}**."))
+display(
+    Markdown(f"`llm.generate` answers with the same {len(answer)} tokens: **{same}**.")
+)
 
 # %% [markdown]
 # ### What the slab holds
@@ -132,15 +164,18 @@ display(Markdown(f"`llm.generate` answers with the same {len(answer)} tokens: **
 # The slab was zeros when it was reserved. Which of its positions did the answer write?
 
 # %%
-k = to_numpy(cache.k[:, 0])                              # (layers, max_len, kv_heads, head_dim)
+k = to_numpy(cache.k[:, 0])  # (layers, max_len, kv_heads, head_dim)
 written = int((np.abs(k).max(axis=(0, 2, 3)) > 0).sum())  # positions holding any key
 held = cache.lengths[0]
 assert written == held
-display(Markdown(
-    f"{written} of the {reserved} reserved positions hold a key: the prompt's {len(prompt_ids)} and "
-    f"{held - len(prompt_ids)} of the answer (the last token sampled is never fed back, so it has "
-    f"no key yet). The other {reserved - held} positions, {(reserved - held) / reserved:.0%} of the "
-    f"slab and {(reserved - held) * per_token / 2**20:.1f} MiB, were reserved and never used."))
+display(
+    Markdown(
+        f"{written} of the {reserved} reserved positions hold a key: the prompt's {len(prompt_ids)} and "
+        f"{held - len(prompt_ids)} of the answer (the last token sampled is never fed back, so it has "
+        f"no key yet). The other {reserved - held} positions, {(reserved - held) / reserved:.0%} of the "
+        f"slab and {(reserved - held) * per_token / 2**20:.1f} MiB, were reserved and never used."
+    )
+)
 
 # %% [markdown]
 # In a picture: the reservation is flat from the first token; the tokens grow one by one;
@@ -148,15 +183,27 @@ display(Markdown(
 
 # %%
 held_by_step, paged_by_step = (list(column) for column in zip(*growth))
-display(LineChart("one request: KV slots, token by token", held_by_step,
-                  {f"reserved: a slab of {reserved}": [reserved] * len(growth),
-                   "paged: blocks of 16, taken on demand": paged_by_step,
-                   "tokens held": held_by_step},
-                  x_label="tokens in the cache", y_label="slots", digits=0))
-display(Markdown(
-    f"At the end the slab is {held_by_step[-1] / reserved:.0%} full; paging holds "
-    f"{paged_by_step[-1]} slots for the same {held_by_step[-1]} tokens "
-    f"({held_by_step[-1] / paged_by_step[-1]:.0%} full)."))
+display(
+    LineChart(
+        "one request: KV slots, token by token",
+        held_by_step,
+        {
+            f"reserved: a slab of {reserved}": [reserved] * len(growth),
+            "paged: blocks of 16, taken on demand": paged_by_step,
+            "tokens held": held_by_step,
+        },
+        x_label="tokens in the cache",
+        y_label="slots",
+        digits=0,
+    )
+)
+display(
+    Markdown(
+        f"At the end the slab is {held_by_step[-1] / reserved:.0%} full; paging holds "
+        f"{paged_by_step[-1]} slots for the same {held_by_step[-1]} tokens "
+        f"({held_by_step[-1] / paged_by_step[-1]:.0%} full)."
+    )
+)
 
 # %% [markdown]
 # ## A thousand requests
@@ -167,18 +214,28 @@ display(Markdown(
 
 # %%
 requests = make_workload(1000)
-max_model_len = 2048  # what the static baseline reserves per request: OPT's limit, as in the paper
+max_model_len = (
+    2048  # what the static baseline reserves per request: OPT's limit, as in the paper
+)
 totals = np.array([r.prompt_len + r.output_len for r in requests])
 edges = list(range(0, max_model_len + 1, 256))
 counts, _ = np.histogram(totals, bins=edges)
-display(BarChart("requests by length (prompt + answer tokens)",
-                 [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])], {"requests": counts.tolist()},
-                 digits=0))
-display(Markdown(
-    f"Mean prompt {np.mean([r.prompt_len for r in requests]):.0f} tokens, mean answer "
-    f"{np.mean([r.output_len for r in requests]):.0f}; total length: median {np.median(totals):.0f}, "
-    f"longest {totals.max():,}. Never to cut an answer short, a reservation must fit the longest: "
-    f"{max_model_len:,} slots. The median request fills {np.median(totals) / max_model_len:.0%} of it."))
+display(
+    BarChart(
+        "requests by length (prompt + answer tokens)",
+        [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])],
+        {"requests": counts.tolist()},
+        digits=0,
+    )
+)
+display(
+    Markdown(
+        f"Mean prompt {np.mean([r.prompt_len for r in requests]):.0f} tokens, mean answer "
+        f"{np.mean([r.output_len for r in requests]):.0f}; total length: median {np.median(totals):.0f}, "
+        f"longest {totals.max():,}. Never to cut an answer short, a reservation must fit the longest: "
+        f"{max_model_len:,} slots. The median request fills {np.median(totals) / max_model_len:.0%} of it."
+    )
+)
 
 # %% [markdown]
 # ## The same requests, two allocators
@@ -194,10 +251,17 @@ display(Markdown(
 max_num_seqs = 64
 num_slots = max_num_seqs * max_model_len
 allocators = {
-    f"static, {max_model_len} per request": StaticBlockManager(num_slots, max_model_len),
-    "paged, block 16": BlockManager(num_slots // 16, block_size=16, enable_prefix_caching=False),
+    f"static, {max_model_len} per request": StaticBlockManager(
+        num_slots, max_model_len
+    ),
+    "paged, block 16": BlockManager(
+        num_slots // 16, block_size=16, enable_prefix_caching=False
+    ),
 }
-results = {name: simulate_memory(manager, requests, max_num_seqs) for name, manager in allocators.items()}
+results = {
+    name: simulate_memory(manager, requests, max_num_seqs)
+    for name, manager in allocators.items()
+}
 
 
 # %% [markdown]
@@ -205,27 +269,39 @@ results = {name: simulate_memory(manager, requests, max_num_seqs) for name, mana
 # that hold a token, the unfilled tails of last blocks (**internal waste**), and slots reserved
 # for tokens that have not arrived yet, or never will.
 
+
 # %%
 def shares(result: dict) -> list[float]:
     """% of the allocated slots holding tokens, tails of last blocks, reservations."""
     mean = result["mean"]
-    return [100 * mean[k] / mean["allocated_slots"] for k in ("token_slots", "internal_waste", "reserved_unused")]
+    return [
+        100 * mean[k] / mean["allocated_slots"]
+        for k in ("token_slots", "internal_waste", "reserved_unused")
+    ]
+
 
 by_kind = zip(*(shares(r) for r in results.values()))
-BarChart("where the KV memory goes (% of allocated slots)", list(results),
-         dict(zip(["tokens", "internal waste", "reserved, unused"], map(list, by_kind))), unit="%")
+BarChart(
+    "where the KV memory goes (% of allocated slots)",
+    list(results),
+    dict(zip(["tokens", "internal waste", "reserved, unused"], map(list, by_kind))),
+    unit="%",
+)
 
 # %%
 static, paged = results.values()
 assert static["utilization"] < 0.4 and paged["utilization"] > 0.96
-display(Markdown(
-    f"Reserving {max_model_len:,} slots per request, **{static['utilization']:.1%}** of the allocated "
-    f"KV memory holds tokens (the paper measured 20.4%–38.2% in systems that reserve this way). With "
-    f"paging, **{paged['utilization']:.1%}** does: {1 - paged['utilization']:.1%} is waste, under the "
-    f"paper's 4%. A running request holds {paged['slots_per_request']:,.0f} slots on average instead of "
-    f"{static['slots_per_request']:,.0f}, so the same memory could keep about "
-    f"**{static['slots_per_request'] / paged['slots_per_request']:.1f}×** as many requests running: "
-    f"bigger batches are where vLLM's higher throughput comes from."))
+display(
+    Markdown(
+        f"Reserving {max_model_len:,} slots per request, **{static['utilization']:.1%}** of the allocated "
+        f"KV memory holds tokens (the paper measured 20.4%–38.2% in systems that reserve this way). With "
+        f"paging, **{paged['utilization']:.1%}** does: {1 - paged['utilization']:.1%} is waste, under the "
+        f"paper's 4%. A running request holds {paged['slots_per_request']:,.0f} slots on average instead of "
+        f"{static['slots_per_request']:,.0f}, so the same memory could keep about "
+        f"**{static['slots_per_request'] / paged['slots_per_request']:.1f}×** as many requests running: "
+        f"bigger batches are where vLLM's higher throughput comes from."
+    )
+)
 
 # %% [markdown]
 # ## Exercises

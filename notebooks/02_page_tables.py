@@ -33,9 +33,9 @@
 # %%
 from IPython.display import Markdown, display
 
-from minipaged.tools.bench.workload import make_workload, simulate_memory
 from minipaged.paging import BlockManager, NoFreeFramesError
 from minipaged.runner import step_inputs
+from minipaged.tools.bench.workload import make_workload, simulate_memory
 from minipaged.tools.viz import FrameMap, LineChart, PageTableView
 
 # %% [markdown]
@@ -48,7 +48,9 @@ from minipaged.tools.viz import FrameMap, LineChart, PageTableView
 
 # %%
 block_size = 4
-manager = BlockManager(num_blocks=12, block_size=block_size, enable_prefix_caching=False)
+manager = BlockManager(
+    num_blocks=12, block_size=block_size, enable_prefix_caching=False
+)
 FrameMap(manager)
 
 # %% [markdown]
@@ -65,10 +67,13 @@ print(PageTableView(manager, ["s1"]))
 
 # %%
 usage = manager.usage()
-display(Markdown(
-    f"s1 holds {manager.table_view('s1').num_tokens} tokens in {len(manager.block_table('s1'))} frames: "
-    f"{usage.allocated_slots} slots allocated, {usage.internal_waste} of them empty. That empty tail "
-    f"of the last block is the only memory paging ever wastes."))
+display(
+    Markdown(
+        f"s1 holds {manager.table_view('s1').num_tokens} tokens in {len(manager.block_table('s1'))} frames: "
+        f"{usage.allocated_slots} slots allocated, {usage.internal_waste} of them empty. That empty tail "
+        f"of the last block is the only memory paging ever wastes."
+    )
+)
 
 # %% [markdown]
 # ## Demand paging
@@ -79,20 +84,37 @@ display(Markdown(
 
 # %%
 rows = []
-for token in range(200, 208):                       # 8 generated tokens
+for token in range(200, 208):  # 8 generated tokens
     before = len(manager.block_table("s1"))
-    slot, _ = manager.append_slot("s1", token)        # _: a copy-on-write pair, for shared frames
-    rows.append((manager.table_view("s1").num_tokens, slot, len(manager.block_table("s1")) > before))
-display(Markdown("| tokens | slot | frame | offset | new frame? |\n|---|---|---|---|---|\n" + "\n".join(
-    f"| {n} | {slot} | {slot // block_size} | {slot % block_size} | {'**yes**' if taken else ''} |"
-    for n, slot, taken in rows)))
+    slot, _ = manager.append_slot(
+        "s1", token
+    )  # _: a copy-on-write pair, for shared frames
+    rows.append(
+        (
+            manager.table_view("s1").num_tokens,
+            slot,
+            len(manager.block_table("s1")) > before,
+        )
+    )
+display(
+    Markdown(
+        "| tokens | slot | frame | offset | new frame? |\n|---|---|---|---|---|\n"
+        + "\n".join(
+            f"| {n} | {slot} | {slot // block_size} | {slot % block_size} | {'**yes**' if taken else ''} |"
+            for n, slot, taken in rows
+        )
+    )
+)
 
 # %%
 taken = [n for n, _, new_frame in rows if new_frame]
 assert all((n - 1) % block_size == 0 for n in taken)
-display(Markdown(
-    f"Frames were taken for tokens {taken}: each time the count passed a multiple of {block_size}. "
-    f"The other {len(rows) - len(taken)} appends cost no memory at all."))
+display(
+    Markdown(
+        f"Frames were taken for tokens {taken}: each time the count passed a multiple of {block_size}. "
+        f"The other {len(rows) - len(taken)} appends cost no memory at all."
+    )
+)
 
 # %% [markdown]
 # ## Two sequences, taking turns
@@ -108,10 +130,13 @@ for step in range(6):
 display(PageTableView(manager, ["s1", "s2"]), FrameMap(manager))
 
 # %%
-display(Markdown(
-    f"s1's frames, in logical order: {manager.block_table('s1')}; s2's: {manager.block_table('s2')}. "
-    f"Neither run is contiguous in the pool, and nothing needs it to be: each page table lists its "
-    f"frames in its own order."))
+display(
+    Markdown(
+        f"s1's frames, in logical order: {manager.block_table('s1')}; s2's: {manager.block_table('s2')}. "
+        f"Neither run is contiguous in the pool, and nothing needs it to be: each page table lists its "
+        f"frames in its own order."
+    )
+)
 
 # %% [markdown]
 # ## What the kernel gets
@@ -122,7 +147,9 @@ display(Markdown(
 # attends to.
 
 # %%
-arrays = step_inputs(manager, ["s1", "s2"], num_new_tokens=[1, 1])  # a decode step: one new token each
+arrays = step_inputs(
+    manager, ["s1", "s2"], num_new_tokens=[1, 1]
+)  # a decode step: one new token each
 print("block_tables:\n", arrays.block_tables)
 print("slot_mapping:", arrays.slot_mapping)
 print("context_lens:", arrays.context_lens)
@@ -136,10 +163,13 @@ print("context_lens:", arrays.context_lens)
 p = int(arrays.context_lens[1]) - 1  # s2's newest token
 frame = int(arrays.block_tables[1, p // block_size])
 assert frame * block_size + p % block_size == arrays.slot_mapping[1]
-display(Markdown(
-    f"s2's newest token, position {p}, is in logical block {p // block_size} → frame {frame}, offset "
-    f"{p % block_size}: slot {frame * block_size + p % block_size}, the slot `step_inputs` gave for it "
-    f"({arrays.slot_mapping[1]})."))
+display(
+    Markdown(
+        f"s2's newest token, position {p}, is in logical block {p // block_size} → frame {frame}, offset "
+        f"{p % block_size}: slot {frame * block_size + p % block_size}, the slot `step_inputs` gave for it "
+        f"({arrays.slot_mapping[1]})."
+    )
+)
 
 # %% [markdown]
 # ## When the pool is full
@@ -150,7 +180,9 @@ display(Markdown(
 
 # %%
 s3_prompt = list(range(600, 620))
-print(f"free frames: {manager.num_free_frames}; can_allocate(20 tokens): {manager.can_allocate(len(s3_prompt))}")
+print(
+    f"free frames: {manager.num_free_frames}; can_allocate(20 tokens): {manager.can_allocate(len(s3_prompt))}"
+)
 try:
     manager.allocate("s3", s3_prompt)
 except NoFreeFramesError as error:
@@ -172,10 +204,15 @@ display(FrameMap(manager), PageTableView(manager, ["s2", "s3"]))
 # %%
 s3_frames = manager.block_table("s3")
 reused = [f for f in s3_frames if f in s1_frames]
-assert s3_frames != list(range(min(s3_frames), min(s3_frames) + len(s3_frames)))  # not one run
-display(Markdown(
-    f"s3 got frames {s3_frames}: s1 had used {reused}, the others had never been used. They are "
-    f"not one contiguous run, and nothing had to move: s3's page table keeps them in order."))
+assert s3_frames != list(
+    range(min(s3_frames), min(s3_frames) + len(s3_frames))
+)  # not one run
+display(
+    Markdown(
+        f"s3 got frames {s3_frames}: s1 had used {reused}, the others had never been used. They are "
+        f"not one contiguous run, and nothing had to move: s3's page table keeps them in order."
+    )
+)
 
 # %% [markdown]
 # ## Block size: what it trades
@@ -189,26 +226,49 @@ display(Markdown(
 requests = make_workload(1000)
 sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 num_slots = 64 * 2048  # notebook 1's pool: 64 slabs of 2,048 slots
-runs = {size: simulate_memory(BlockManager(num_slots // size, size, enable_prefix_caching=False), requests)
-        for size in sizes}
+runs = {
+    size: simulate_memory(
+        BlockManager(num_slots // size, size, enable_prefix_caching=False), requests
+    )
+    for size in sizes
+}
 
 # %%
 waste = {s: 100 * (1 - runs[s]["utilization"]) for s in sizes}
-entries = {s: runs[s]["slots_per_request"] / s for s in sizes}  # frames a running sequence maps
-display(LineChart("KV memory wasted, by block size", sizes, {"wasted": list(waste.values())},
-                  x_label="block size (tokens)", y_label="% of allocated slots", log_x=True),
-        LineChart("page-table length, by block size", sizes, {"entries": list(entries.values())},
-                  x_label="block size (tokens)", y_label="frames per running sequence", log_x=True))
+entries = {
+    s: runs[s]["slots_per_request"] / s for s in sizes
+}  # frames a running sequence maps
+display(
+    LineChart(
+        "KV memory wasted, by block size",
+        sizes,
+        {"wasted": list(waste.values())},
+        x_label="block size (tokens)",
+        y_label="% of allocated slots",
+        log_x=True,
+    ),
+    LineChart(
+        "page-table length, by block size",
+        sizes,
+        {"entries": list(entries.values())},
+        x_label="block size (tokens)",
+        y_label="frames per running sequence",
+        log_x=True,
+    ),
+)
 
 # %%
 extra = {s: runs[s]["slots_per_request"] - runs[1]["slots_per_request"] for s in sizes}
 assert all(abs(extra[s] - (s - 1) / 2) < 0.05 * s for s in sizes)
-display(Markdown(
-    f"- Block size 1 wastes nothing, but a running sequence's page table has {entries[1]:.0f} entries.\n"
-    f"- Block size 16 wastes {waste[16]:.1f}% with {entries[16]:.0f} entries.\n"
-    f"- Block size 256 wastes {waste[256]:.1f}% with {entries[256]:.1f} entries.\n\n"
-    f"Why: at block size 16 a running sequence holds {extra[16]:.1f} slots more than at block size 1, "
-    f"about half a block, (16 − 1) / 2 = {(16 - 1) / 2}: on average its last block is half full."))
+display(
+    Markdown(
+        f"- Block size 1 wastes nothing, but a running sequence's page table has {entries[1]:.0f} entries.\n"
+        f"- Block size 16 wastes {waste[16]:.1f}% with {entries[16]:.0f} entries.\n"
+        f"- Block size 256 wastes {waste[256]:.1f}% with {entries[256]:.1f} entries.\n\n"
+        f"Why: at block size 16 a running sequence holds {extra[16]:.1f} slots more than at block size 1, "
+        f"about half a block, (16 − 1) / 2 = {(16 - 1) / 2}: on average its last block is half full."
+    )
+)
 
 # %% [markdown]
 # The third side of the trade is the kernel. It reads each frame as one contiguous chunk of

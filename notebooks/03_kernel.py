@@ -38,10 +38,10 @@ from IPython.display import Markdown, display
 
 from minipaged.attention import emulated, kernels, reference
 from minipaged.backend import cuda_available
-from minipaged.tools.bench.kernel import Shape
 from minipaged.model.config import ModelConfig
 from minipaged.model.weights import load_weights, resolve_model
 from minipaged.runner import step_inputs
+from minipaged.tools.bench.kernel import Shape
 from minipaged.tools.viz import BarChart, PageTableView
 from minipaged.tools.viz.demo import two_sequences
 
@@ -55,8 +55,10 @@ def show(first: str, before: str) -> None:
     print("\n".join(f"{n + 1:4d}  {SOURCE[n]}" for n in range(start, end)))
 
 
-print(f"{kernels.SOURCES['paged_attention'].name}: {len(SOURCE)} lines; a GPU is "
-      f"{'here' if cuda_available() else 'not here: the GPU cells will be skipped'}")
+print(
+    f"{kernels.SOURCES['paged_attention'].name}: {len(SOURCE)} lines; a GPU is "
+    f"{'here' if cuda_available() else 'not here: the GPU cells will be skipped'}"
+)
 
 # %% [markdown]
 # ## One file, six versions
@@ -145,7 +147,9 @@ show("// v1, v2: a block-wide reduction", "// v3+: combine")
 
 # %%
 block_size, num_kv_heads, num_heads, head_dim = 4, 1, 3, 64
-manager = two_sequences()  # notebook 2's pool: 12 frames of 4 slots, s1 and s2 interleaved
+manager = (
+    two_sequences()
+)  # notebook 2's pool: 12 frames of 4 slots, s1 and s2 interleaved
 assert manager.block_size == block_size
 seqs = ["s1", "s2"]
 PageTableView(manager, seqs)
@@ -160,22 +164,36 @@ PageTableView(manager, seqs)
 # %%
 rng = np.random.default_rng(0)
 cache_shape = (manager.num_frames, block_size, num_kv_heads, head_dim)
-k_cache = np.full(cache_shape, np.nan, np.float32)  # (num_blocks, block_size, num_kv_heads, head_dim)
+k_cache = np.full(
+    cache_shape, np.nan, np.float32
+)  # (num_blocks, block_size, num_kv_heads, head_dim)
 v_cache = np.full(cache_shape, np.nan, np.float32)
 lengths = [manager.table_view(s).num_tokens for s in seqs]
-every_token = step_inputs(manager, seqs, lengths)  # the slot of every token of both sequences
-k = rng.standard_normal((sum(lengths), num_kv_heads, head_dim)).astype(np.float32)  # (tokens, kv_heads, head_dim)
+every_token = step_inputs(
+    manager, seqs, lengths
+)  # the slot of every token of both sequences
+k = rng.standard_normal((sum(lengths), num_kv_heads, head_dim)).astype(
+    np.float32
+)  # (tokens, kv_heads, head_dim)
 v = rng.standard_normal((sum(lengths), num_kv_heads, head_dim)).astype(np.float32)
 emulated.write_kv(k, v, k_cache, v_cache, every_token.slot_mapping)
 
-arrays = step_inputs(manager, seqs, [1, 1])  # a decode step: each sequence's last token asks
-q = rng.standard_normal((len(seqs), num_heads, head_dim)).astype(np.float32)  # (num_seqs, num_heads, head_dim)
+arrays = step_inputs(
+    manager, seqs, [1, 1]
+)  # a decode step: each sequence's last token asks
+q = rng.standard_normal((len(seqs), num_heads, head_dim)).astype(
+    np.float32
+)  # (num_seqs, num_heads, head_dim)
 scale = 1 / np.sqrt(head_dim)
 print("block_tables:\n", arrays.block_tables)
 print("context_lens:", arrays.context_lens)
 nan_slots = int(np.isnan(k_cache[:, :, 0, 0]).sum())
-display(Markdown(f"{sum(lengths)} tokens written; {nan_slots} of the {k_cache.shape[0] * block_size} "
-                 f"slots still hold NaN: the free frames and the empty tails of the last blocks."))
+display(
+    Markdown(
+        f"{sum(lengths)} tokens written; {nan_slots} of the {k_cache.shape[0] * block_size} "
+        f"slots still hold NaN: the free frames and the empty tails of the last blocks."
+    )
+)
 
 # %% [markdown]
 # ## v1 on this CPU
@@ -191,40 +209,58 @@ display(Markdown(f"{sum(lengths)} tokens written; {nan_slots} of the {k_cache.sh
 # through its block table, then `softmax(q kᵀ · scale) v`.
 
 # %%
-out_v1 = emulated.decode(q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale, version=1)
-expected = reference.decode(q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale)
+out_v1 = emulated.decode(
+    q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale, version=1
+)
+expected = reference.decode(
+    q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale
+)
 error_v1 = float(np.abs(out_v1 - expected).max())
 assert np.isfinite(out_v1).all() and error_v1 < 1e-5
 grid = (num_heads, len(seqs))
 busy = int(arrays.context_lens.max())
-display(Markdown(
-    f"v1 ran a grid of {grid[0]} × {grid[1]} blocks (query heads × sequences) of "
-    f"{kernels.NUM_THREADS} threads. Its output is finite, so no NaN slot was read, and it "
-    f"differs from the reference by at most **{error_v1:.1e}**: float32 rounding, summed in "
-    f"another order. With contexts of {busy} tokens or fewer, only {busy} of the "
-    f"{kernels.NUM_THREADS} threads of a block have a token in pass 1: a decode kernel "
-    f"needs long contexts or many sequences to keep a GPU busy."))
+display(
+    Markdown(
+        f"v1 ran a grid of {grid[0]} × {grid[1]} blocks (query heads × sequences) of "
+        f"{kernels.NUM_THREADS} threads. Its output is finite, so no NaN slot was read, and it "
+        f"differs from the reference by at most **{error_v1:.1e}**: float32 rounding, summed in "
+        f"another order. With contexts of {busy} tokens or fewer, only {busy} of the "
+        f"{kernels.NUM_THREADS} threads of a block have a token in pass 1: a decode kernel "
+        f"needs long contexts or many sequences to keep a GPU busy."
+    )
+)
 
 # %% [markdown]
 # The same attention by hand, for one sequence and one query head, following the block table
 # one token at a time as `PagedRows` does:
 
 # %%
-seq, head = 1, 2                                   # s2, its third query head
+seq, head = 1, 2  # s2, its third query head
 kv_head = head // (num_heads // num_kv_heads)
 table, n = arrays.block_tables[seq], int(arrays.context_lens[seq])
-keys = np.stack([k_cache[table[p // block_size], p % block_size, kv_head] for p in range(n)])    # (n, head_dim)
-values = np.stack([v_cache[table[p // block_size], p % block_size, kv_head] for p in range(n)])  # (n, head_dim)
-logits = keys @ q[seq, head] * scale              # (n,)
+keys = np.stack(
+    [k_cache[table[p // block_size], p % block_size, kv_head] for p in range(n)]
+)  # (n, head_dim)
+values = np.stack(
+    [v_cache[table[p // block_size], p % block_size, kv_head] for p in range(n)]
+)  # (n, head_dim)
+logits = keys @ q[seq, head] * scale  # (n,)
 weights = np.exp(logits - logits.max())
-weights /= weights.sum()                           # (n,) the softmax: attention weights
-by_hand = weights @ values                         # (head_dim,)
+weights /= weights.sum()  # (n,) the softmax: attention weights
+by_hand = weights @ values  # (head_dim,)
 error_by_hand = float(np.abs(by_hand - out_v1[seq, head]).max())
 assert error_by_hand < 1e-5
-print(f"attention weights of {seqs[seq]}, head {head}, over its tokens:", np.round(weights, 3))
-display(Markdown(f"By hand and by v1, {seqs[seq]}'s head {head}: they differ by at most {error_by_hand:.1e}. "
-                 f"Its {n} tokens were read from frames {table[:-(-n // block_size)].tolist()}, "
-                 "in the order its page table lists them."))
+print(
+    f"attention weights of {seqs[seq]}, head {head}, over its tokens:",
+    np.round(weights, 3),
+)
+display(
+    Markdown(
+        f"By hand and by v1, {seqs[seq]}'s head {head}: they differ by at most {error_by_hand:.1e}. "
+        f"Its {n} tokens were read from frames {table[: -(-n // block_size)].tolist()}, "
+        "in the order its page table lists them."
+    )
+)
 
 # %% [markdown]
 # ## Six versions, one contract
@@ -236,31 +272,53 @@ display(Markdown(f"By hand and by v1, {seqs[seq]}'s head {head}: they differ by 
 # default is 512) so that these short contexts are split too.
 
 # %%
-summaries = {line.split()[0]: line.split(maxsplit=1)[1] for line in SOURCE[:30]
-             if line.startswith("    v") and line.split()[0][1:].isdigit()}  # the header's list
+summaries = {
+    line.split()[0]: line.split(maxsplit=1)[1]
+    for line in SOURCE[:30]
+    if line.startswith("    v") and line.split()[0][1:].isdigit()
+}  # the header's list
 table_rows, errors = [], {}
 for version in kernels.VERSIONS:
     launches = []
-    recorder = dataclasses.replace(emulated.LAUNCHER, launch=lambda *call: launches.append(call))
+    recorder = dataclasses.replace(
+        emulated.LAUNCHER, launch=lambda *call: launches.append(call)
+    )
     args = (q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale)
     recorder.decode(*args, version=version, partition_size=8)
     out = emulated.decode(*args, version=version, partition_size=8)
     errors[version] = float(np.abs(out - expected).max())
-    grids = ", ".join(f"`{name.split('<')[0]}` {' × '.join(map(str, grid))}" for name, grid, _, _ in launches)
-    table_rows.append(f"| v{version} | {summaries[f'v{version}']} | {grids} | {errors[version]:.1e} |")
+    grids = ", ".join(
+        f"`{name.split('<')[0]}` {' × '.join(map(str, grid))}"
+        for name, grid, _, _ in launches
+    )
+    table_rows.append(
+        f"| v{version} | {summaries[f'v{version}']} | {grids} | {errors[version]:.1e} |"
+    )
 assert max(errors.values()) < 1e-5
-display(Markdown("| version | idea | launches: kernel, grid of blocks | max error |\n|---|---|---|---|\n"
-                 + "\n".join(table_rows)))
+display(
+    Markdown(
+        "| version | idea | launches: kernel, grid of blocks | max error |\n|---|---|---|---|\n"
+        + "\n".join(table_rows)
+    )
+)
 
 # %%
-default = kernels.pick_version(len(seqs), num_kv_heads, num_heads // num_kv_heads,
-                               int(arrays.block_tables.shape[1]) * block_size, num_sms=132)
-display(Markdown(
-    f"All six agree with the reference within {max(errors.values()):.1e}. v5 and v6 launch one "
-    f"block per KV head instead of one per query head: {num_heads // num_kv_heads} query heads "
-    f"share each key read. With no version asked for, the engine runs **v{default}** here "
-    f"(`kernels.pick_version`, as on an H200's 132 SMs); v6 is chosen when there are fewer "
-    f"blocks than SMs and the contexts are long enough to split."))
+default = kernels.pick_version(
+    len(seqs),
+    num_kv_heads,
+    num_heads // num_kv_heads,
+    int(arrays.block_tables.shape[1]) * block_size,
+    num_sms=132,
+)
+display(
+    Markdown(
+        f"All six agree with the reference within {max(errors.values()):.1e}. v5 and v6 launch one "
+        f"block per KV head instead of one per query head: {num_heads // num_kv_heads} query heads "
+        f"share each key read. With no version asked for, the engine runs **v{default}** here "
+        f"(`kernels.pick_version`, as on an H200's 132 SMs); v6 is chosen when there are fewer "
+        f"blocks than SMs and the contexts are long enough to split."
+    )
+)
 
 # %% [markdown]
 # ## Napkin math: what one decode step must read
@@ -274,32 +332,55 @@ display(Markdown(
 # 1,024 tokens of context each, in float16 as on a GPU.
 
 # %%
-folder = resolve_model()                         # SmolLM2-135M-Instruct, as in LLM()
+folder = resolve_model()  # SmolLM2-135M-Instruct, as in LLM()
 config = ModelConfig.from_folder(folder)
-shape = Shape(num_seqs=64, context_len=1024, num_heads=config.num_heads,
-              num_kv_heads=config.num_kv_heads, head_dim=config.head_dim, dtype="float16")
-H200 = 4.8e12                                    # bytes per second, peak
+shape = Shape(
+    num_seqs=64,
+    context_len=1024,
+    num_heads=config.num_heads,
+    num_kv_heads=config.num_kv_heads,
+    head_dim=config.head_dim,
+    dtype="float16",
+)
+H200 = 4.8e12  # bytes per second, peak
 itemsize = np.dtype(shape.dtype).itemsize
-kv_layer = 2 * shape.num_seqs * shape.context_len * shape.num_kv_heads * shape.head_dim * itemsize
-kv_step = kv_layer * config.num_layers           # every layer reads its own cache
-weights = itemsize * sum(w.size for w in load_weights(folder).values())  # read once per step, any batch
-display(Markdown(
-    f"- One layer's kernel reads the K and V of {shape.num_seqs} × {shape.context_len:,} tokens × "
-    f"{shape.num_kv_heads} KV heads × {shape.head_dim} numbers × 2 bytes × 2 (K and V) = "
-    f"**{kv_layer / 1e6:.1f} MB**: at 4.8 TB/s, at least **{kv_layer / H200 * 1e6:.1f} µs**.\n"
-    f"- The {config.num_layers} layers of one decode step read {kv_step / 1e9:.2f} GB of KV cache, "
-    f"{kv_step / H200 * 1e6:.0f} µs at the least; the weights, {weights / 1e6:.0f} MB, read once per step "
-    f"whatever the batch, add {weights / H200 * 1e6:.0f} µs.\n"
-    f"- So at this batch the KV cache is {kv_step / weights:.1f}× the weights in memory traffic: serving "
-    f"many long conversations is a memory-bandwidth problem, and the attention kernel's share of it "
-    f"grows with every token."))
+kv_layer = (
+    2
+    * shape.num_seqs
+    * shape.context_len
+    * shape.num_kv_heads
+    * shape.head_dim
+    * itemsize
+)
+kv_step = kv_layer * config.num_layers  # every layer reads its own cache
+weights = itemsize * sum(
+    w.size for w in load_weights(folder).values()
+)  # read once per step, any batch
+display(
+    Markdown(
+        f"- One layer's kernel reads the K and V of {shape.num_seqs} × {shape.context_len:,} tokens × "
+        f"{shape.num_kv_heads} KV heads × {shape.head_dim} numbers × 2 bytes × 2 (K and V) = "
+        f"**{kv_layer / 1e6:.1f} MB**: at 4.8 TB/s, at least **{kv_layer / H200 * 1e6:.1f} µs**.\n"
+        f"- The {config.num_layers} layers of one decode step read {kv_step / 1e9:.2f} GB of KV cache, "
+        f"{kv_step / H200 * 1e6:.0f} µs at the least; the weights, {weights / 1e6:.0f} MB, read once per step "
+        f"whatever the batch, add {weights / H200 * 1e6:.0f} µs.\n"
+        f"- So at this batch the KV cache is {kv_step / weights:.1f}× the weights in memory traffic: serving "
+        f"many long conversations is a memory-bandwidth problem, and the attention kernel's share of it "
+        f"grows with every token."
+    )
+)
 
 # %%
 paper = {"FlashInfer (dense, MHA)": 88, "vLLM paged, MHA": 85, "vLLM paged, GQA": 28}
-display(BarChart(f"time of one layer's decode attention, {shape.num_seqs} × {shape.context_len:,} tokens "
-                 "of SmolLM2 on an H200, at the fraction of peak each reached on an H100",
-                 list(paper), {"µs": [kv_layer / (H200 * p / 100) * 1e6 for p in paper.values()]},
-                 unit=" µs"))
+display(
+    BarChart(
+        f"time of one layer's decode attention, {shape.num_seqs} × {shape.context_len:,} tokens "
+        "of SmolLM2 on an H200, at the fraction of peak each reached on an H100",
+        list(paper),
+        {"µs": [kv_layer / (H200 * p / 100) * 1e6 for p in paper.values()]},
+        unit=" µs",
+    )
+)
 
 # %% [markdown]
 # The fractions in that chart are published measurements on an H100, quoted by this project's
@@ -325,10 +406,17 @@ else:
 
     from minipaged.attention import cuda
 
-    on_gpu = [cupy.asarray(a) for a in (q, k_cache, v_cache, arrays.block_tables, arrays.context_lens)]
+    on_gpu = [
+        cupy.asarray(a)
+        for a in (q, k_cache, v_cache, arrays.block_tables, arrays.context_lens)
+    ]
     for version in kernels.VERSIONS:
-        out = cupy.asnumpy(cuda.decode(*on_gpu, scale, version=version, partition_size=8))
-        print(f"v{version} on the GPU: max error against the reference {np.abs(out - expected).max():.1e}")
+        out = cupy.asnumpy(
+            cuda.decode(*on_gpu, scale, version=version, partition_size=8)
+        )
+        print(
+            f"v{version} on the GPU: max error against the reference {np.abs(out - expected).max():.1e}"
+        )
 
 # %%
 if not cuda_available():
@@ -337,14 +425,26 @@ else:
     from minipaged.tools.bench import kernel as kernel_bench
 
     rows = kernel_bench.run(shapes=[shape], repeats=10)
-    display(BarChart(f"decode attention, {shape.num_seqs} × {shape.context_len:,} tokens, SmolLM2 heads: "
-                     f"% of {rows[0]['device']}'s peak bandwidth", [r["version"] for r in rows],
-                     {"% of peak": [100 * r["peak_fraction"] for r in rows]}, unit="%"))
-    best = max((r for r in rows if r["version"].startswith("v")), key=lambda r: r["gbps"])
+    display(
+        BarChart(
+            f"decode attention, {shape.num_seqs} × {shape.context_len:,} tokens, SmolLM2 heads: "
+            f"% of {rows[0]['device']}'s peak bandwidth",
+            [r["version"] for r in rows],
+            {"% of peak": [100 * r["peak_fraction"] for r in rows]},
+            unit="%",
+        )
+    )
+    best = max(
+        (r for r in rows if r["version"].startswith("v")), key=lambda r: r["gbps"]
+    )
     v1 = next(r for r in rows if r["version"] == "v1")
-    display(Markdown(f"The fastest version, {best['version']}, reads {best['gbps']:,.0f} GB/s, "
-                     f"{best['peak_fraction']:.0%} of peak, {v1['seconds'] / best['seconds']:.1f}× "
-                     f"faster than v1."))
+    display(
+        Markdown(
+            f"The fastest version, {best['version']}, reads {best['gbps']:,.0f} GB/s, "
+            f"{best['peak_fraction']:.0%} of peak, {v1['seconds'] / best['seconds']:.1f}× "
+            f"faster than v1."
+        )
+    )
 
 # %% [markdown]
 # ## Exercises

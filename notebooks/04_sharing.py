@@ -38,7 +38,9 @@ from IPython.display import Markdown, display
 from minipaged import LLM, SamplingParams
 from minipaged.tools.viz import FrameMap, LineChart, PageTableView
 
-llm = LLM(block_size=8, num_blocks=64)  # small frames and a small pool, so the pictures fit
+llm = LLM(
+    block_size=8, num_blocks=64
+)  # small frames and a small pool, so the pictures fit
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 
 # %% [markdown]
@@ -57,10 +59,15 @@ print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 # %%
 engine = llm.new_engine(block_size=8, num_blocks=32, enable_prefix_caching=False)
 blocks = engine.blocks
-prompt_ids = llm.tokenizer.encode_chat([{"role": "user", "content": "Give me a name for a pet cat."}])
-engine.add_request("cat", {"prompt_token_ids": prompt_ids},
-                   SamplingParams(n=4, temperature=0.8, top_p=0.95, seed=1, max_tokens=16))
-print(engine.step())   # the prefill: one sequence computed, three forked from it
+prompt_ids = llm.tokenizer.encode_chat(
+    [{"role": "user", "content": "Give me a name for a pet cat."}]
+)
+engine.add_request(
+    "cat",
+    {"prompt_token_ids": prompt_ids},
+    SamplingParams(n=4, temperature=0.8, top_p=0.95, seed=1, max_tokens=16),
+)
+print(engine.step())  # the prefill: one sequence computed, three forked from it
 samples = blocks.seq_ids()  # the four samples' sequence ids
 display(FrameMap(blocks), PageTableView(blocks, samples[:2]))
 
@@ -68,12 +75,15 @@ display(FrameMap(blocks), PageTableView(blocks, samples[:2]))
 prompt_frames = blocks.block_table(samples[0])
 assert all(blocks.block_table(s) == prompt_frames for s in samples)
 tail = len(prompt_ids) % blocks.block_size
-display(Markdown(
-    f"The prompt's {len(prompt_ids)} tokens fill {len(prompt_frames)} frames, {prompt_frames}, the last "
-    f"one {tail} of {blocks.block_size} slots full. All {len(samples)} page tables list the same frames, "
-    f"and their reference counts are {blocks.table_view(samples[0]).ref_counts} "
-    f"(`blocks.table_view(seq_id).ref_counts`): {len(prompt_frames)} frames hold what {len(samples)} copies would, "
-    f"{len(samples) * len(prompt_frames)} frames."))
+display(
+    Markdown(
+        f"The prompt's {len(prompt_ids)} tokens fill {len(prompt_frames)} frames, {prompt_frames}, the last "
+        f"one {tail} of {blocks.block_size} slots full. All {len(samples)} page tables list the same frames, "
+        f"and their reference counts are {blocks.table_view(samples[0]).ref_counts} "
+        f"(`blocks.table_view(seq_id).ref_counts`): {len(prompt_frames)} frames hold what {len(samples)} copies would, "
+        f"{len(samples) * len(prompt_frames)} frames."
+    )
+)
 
 # %% [markdown]
 # ## The first write: copy-on-write
@@ -97,12 +107,15 @@ display(FrameMap(blocks), PageTableView(blocks, samples))
 last = {s: blocks.block_table(s)[-1] for s in samples}
 in_place = [s for s in samples if last[s] == prompt_frames[-1]]
 assert report.copies == len(samples) - 1 and len(in_place) == 1
-display(Markdown(
-    f"This step made **{report.copies} copies** (`StepReport.copies`) and took {report.frames_taken} "
-    f"frames: the samples' last frames are now {list(last.values())}. Sequence {in_place[0]} kept frame "
-    f"{prompt_frames[-1]}, the last writer. The {len(prompt_frames) - 1} full frames "
-    f"{prompt_frames[:-1]} still have reference count "
-    f"{blocks.table_view(samples[0]).ref_counts[0]}."))
+display(
+    Markdown(
+        f"This step made **{report.copies} copies** (`StepReport.copies`) and took {report.frames_taken} "
+        f"frames: the samples' last frames are now {list(last.values())}. Sequence {in_place[0]} kept frame "
+        f"{prompt_frames[-1]}, the last writer. The {len(prompt_frames) - 1} full frames "
+        f"{prompt_frames[:-1]} still have reference count "
+        f"{blocks.table_view(samples[0]).ref_counts[0]}."
+    )
+)
 
 
 # %% [markdown]
@@ -110,6 +123,7 @@ display(Markdown(
 # measure, at every step, the frames in use against the frames the same sequences would hold
 # with a private copy each (the sum of their page tables' lengths). `serve` does that for any
 # engine; it is used again for beam search below.
+
 
 # %%
 def serve(engine) -> tuple[dict, list[int], list[int]]:
@@ -141,27 +155,48 @@ assert blocks.num_free_frames == blocks.num_frames  # every frame came back
 
 # %%
 engine = llm.new_engine(block_size=8, num_blocks=64, enable_prefix_caching=False)
-engine.add_request("beams", {"prompt_token_ids": prompt_ids},
-                   SamplingParams(beam_width=4, n=4, max_tokens=16))
+engine.add_request(
+    "beams",
+    {"prompt_token_ids": prompt_ids},
+    SamplingParams(beam_width=4, n=4, max_tokens=16),
+)
 outputs, beam_used, beam_private = serve(engine)
 for completion in outputs["beams"].outputs:
-    print(f"beam {completion.index} (log p {completion.cumulative_logprob:.2f}): {completion.text!r}")
+    print(
+        f"beam {completion.index} (log p {completion.cumulative_logprob:.2f}): {completion.text!r}"
+    )
 
 # %%
 steps = list(range(len(beam_used)))
-display(LineChart("beam search, width 4: KV frames at each step", steps,
-                  {"shared (fork + copy-on-write)": beam_used, "a private copy per beam": beam_private},
-                  x_label="step", y_label="frames", digits=0))
-saving = {"parallel sampling, n=4": 1 - sum(sample_used) / sum(sample_private),
-          "beam search, width 4": 1 - sum(beam_used) / sum(beam_private)}
-display(Markdown(
-    "Frames saved by sharing, over the whole request (1 − frames in use / frames with private copies, "
-    "summed over steps):\n\n" + "\n".join(f"- {name}: **{value:.1%}**" for name, value in saving.items())
-    + f"\n\nThe samples share only the prompt, {len(prompt_ids)} tokens against "
-    f"{len(outputs['beams'].outputs[0].token_ids)} generated each here; the beams also share what they "
-    "generated together, so they save more, as in the paper. With longer answers the prompt's share, "
-    "and the saving of parallel sampling, shrinks: on ShareGPT's long prompts the paper saved more "
-    "than on Alpaca's short ones."))
+display(
+    LineChart(
+        "beam search, width 4: KV frames at each step",
+        steps,
+        {
+            "shared (fork + copy-on-write)": beam_used,
+            "a private copy per beam": beam_private,
+        },
+        x_label="step",
+        y_label="frames",
+        digits=0,
+    )
+)
+saving = {
+    "parallel sampling, n=4": 1 - sum(sample_used) / sum(sample_private),
+    "beam search, width 4": 1 - sum(beam_used) / sum(beam_private),
+}
+display(
+    Markdown(
+        "Frames saved by sharing, over the whole request (1 − frames in use / frames with private copies, "
+        "summed over steps):\n\n"
+        + "\n".join(f"- {name}: **{value:.1%}**" for name, value in saving.items())
+        + f"\n\nThe samples share only the prompt, {len(prompt_ids)} tokens against "
+        f"{len(outputs['beams'].outputs[0].token_ids)} generated each here; the beams also share what they "
+        "generated together, so they save more, as in the paper. With longer answers the prompt's share, "
+        "and the saving of parallel sampling, shrinks: on ShareGPT's long prompts the paper saved more "
+        "than on Alpaca's short ones."
+    )
+)
 
 # %% [markdown]
 # ## The prefix cache: a page cache for prompts
@@ -178,27 +213,39 @@ display(Markdown(
 # `llm`'s own engine, which has the prefix cache on (the default).
 
 # %%
-conversation = [{"role": "system", "content": "You are a concise assistant. Answer in one sentence."},
-                {"role": "user", "content": "What is a page table?"}]
+conversation = [
+    {
+        "role": "system",
+        "content": "You are a concise assistant. Answer in one sentence.",
+    },
+    {"role": "user", "content": "What is a page table?"},
+]
 greedy = SamplingParams(temperature=0, max_tokens=40)
 first = llm.chat(conversation, greedy)
-conversation += [{"role": "assistant", "content": first.outputs[0].text},
-                 {"role": "user", "content": "And what is a frame?"}]
+conversation += [
+    {"role": "assistant", "content": first.outputs[0].text},
+    {"role": "user", "content": "And what is a frame?"},
+]
 second = llm.chat(conversation, greedy)
 for turn in (first, second):
-    print(f"{len(turn.prompt_token_ids)} prompt tokens, {turn.num_cached_tokens} from the cache: "
-          f"{turn.outputs[0].text!r}")
+    print(
+        f"{len(turn.prompt_token_ids)} prompt tokens, {turn.num_cached_tokens} from the cache: "
+        f"{turn.outputs[0].text!r}"
+    )
 FrameMap(llm.engine.blocks)
 
 # %%
 computed = len(second.prompt_token_ids) - second.num_cached_tokens
-display(Markdown(
-    f"The first turn found nothing in the cache ({first.num_cached_tokens} tokens). The second turn's "
-    f"prompt, {len(second.prompt_token_ids)} tokens, starts with the whole first turn: "
-    f"**{second.num_cached_tokens}** of its tokens came from the cache "
-    f"(`RequestOutput.num_cached_tokens`), whole blocks of {llm.engine.blocks.block_size}, and only "
-    f"{computed} were computed. Both requests have finished, so nobody maps any frame now: the `c` "
-    f"frames are the cache, kept until memory is needed."))
+display(
+    Markdown(
+        f"The first turn found nothing in the cache ({first.num_cached_tokens} tokens). The second turn's "
+        f"prompt, {len(second.prompt_token_ids)} tokens, starts with the whole first turn: "
+        f"**{second.num_cached_tokens}** of its tokens came from the cache "
+        f"(`RequestOutput.num_cached_tokens`), whole blocks of {llm.engine.blocks.block_size}, and only "
+        f"{computed} were computed. Both requests have finished, so nobody maps any frame now: the `c` "
+        f"frames are the cache, kept until memory is needed."
+    )
+)
 
 # %% [markdown]
 # ## Exercises

@@ -37,7 +37,9 @@ from IPython.display import Markdown, display
 from minipaged import LLM, SamplingParams
 from minipaged.tools.viz import BarChart, Timeline
 
-llm = LLM(num_blocks=64)  # its own engine stays idle: each section below makes a fresh one
+llm = LLM(
+    num_blocks=64
+)  # its own engine stays idle: each section below makes a fresh one
 print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 
 # %% [markdown]
@@ -49,16 +51,28 @@ print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 # them: everything happens in `step()`.
 
 # %%
-questions = ["What is a page table?", "Name three fruits.", "What is 2 + 2?",
-             "Say hello in French.", "Why is the sky blue?", "Write a haiku about memory."]
-prompts = [{"prompt_token_ids": llm.tokenizer.encode_chat([{"role": "user", "content": q}])}
-           for q in questions]
+questions = [
+    "What is a page table?",
+    "Name three fruits.",
+    "What is 2 + 2?",
+    "Say hello in French.",
+    "Why is the sky blue?",
+    "Write a haiku about memory.",
+]
+prompts = [
+    {"prompt_token_ids": llm.tokenizer.encode_chat([{"role": "user", "content": q}])}
+    for q in questions
+]
 answer_lengths = [24, 8, 16, 4, 32, 12]
 
 
 def add_questions(engine) -> None:
     for i, (prompt, length) in enumerate(zip(prompts, answer_lengths)):
-        engine.add_request(f"q{i}", prompt, SamplingParams(temperature=0, max_tokens=length, ignore_eos=True))
+        engine.add_request(
+            f"q{i}",
+            prompt,
+            SamplingParams(temperature=0, max_tokens=length, ignore_eos=True),
+        )
 
 
 engine = llm.new_engine(max_num_seqs=4, num_blocks=64)
@@ -68,8 +82,12 @@ reports = []
 for _ in range(6):
     reports.append(engine.step())
     print(reports[-1])
-print("running:", [r.request_id for r in engine.scheduler.running],
-      "| waiting:", [r.request_id for r in engine.scheduler.waiting])
+print(
+    "running:",
+    [r.request_id for r in engine.scheduler.running],
+    "| waiting:",
+    [r.request_id for r in engine.scheduler.waiting],
+)
 
 # %% [markdown]
 # Each line is a `StepReport`. Step 0 admits as many waiting requests as fit, here the limit
@@ -96,12 +114,17 @@ for r in reports:
     for rid, _, kind, _ in r.ran:
         started_at.setdefault(rid, r.step)
 first_done = min(finished_at, key=finished_at.get)
-joined = [rid for rid, step in started_at.items() if step == finished_at[first_done] + 1]
-display(Markdown(
-    f"{first_done} was the shortest answer: it finished at step {finished_at[first_done]}, and "
-    f"{', '.join(joined)} joined at step {finished_at[first_done] + 1}, the very next step, while the "
-    f"others went on decoding. {len(reports)} steps in all for {len(questions)} requests; the "
-    f"longest answer alone needs {max(answer_lengths)}."))
+joined = [
+    rid for rid, step in started_at.items() if step == finished_at[first_done] + 1
+]
+display(
+    Markdown(
+        f"{first_done} was the shortest answer: it finished at step {finished_at[first_done]}, and "
+        f"{', '.join(joined)} joined at step {finished_at[first_done] + 1}, the very next step, while the "
+        f"others went on decoding. {len(reports)} steps in all for {len(questions)} requests; the "
+        f"longest answer alone needs {max(answer_lengths)}."
+    )
+)
 
 # %% [markdown]
 # ## When memory runs out: preemption
@@ -123,7 +146,9 @@ display(Markdown(
 # %%
 runs = {}
 for mode in ("recompute", "swap"):
-    small = llm.new_engine(num_blocks=12, block_size=8, preemption_mode=mode, enable_prefix_caching=False)
+    small = llm.new_engine(
+        num_blocks=12, block_size=8, preemption_mode=mode, enable_prefix_caching=False
+    )
     add_questions(small)
     runs[mode] = []
     while small.has_unfinished_requests():
@@ -135,13 +160,19 @@ for mode in ("recompute", "swap"):
 display(Timeline(runs["swap"]))
 for mode, run in runs.items():
     preempted = [rid for r in run for rid, how in r.preempted]
-    same = sum(o.outputs[0].token_ids == outputs[o.request_id].outputs[0].token_ids
-               for r in run for o in r.finished)
-    display(Markdown(
-        f"**{mode}**: {len(preempted)} preemptions ({', '.join(preempted)}), {len(run)} steps; "
-        f"{sum(r.swapped_out for r in run)} frames swapped out and {sum(r.swapped_in for r in run)} "
-        f"back in; {same} of {len(questions)} answers token for token the same as in the roomy "
-        f"run above."))
+    same = sum(
+        o.outputs[0].token_ids == outputs[o.request_id].outputs[0].token_ids
+        for r in run
+        for o in r.finished
+    )
+    display(
+        Markdown(
+            f"**{mode}**: {len(preempted)} preemptions ({', '.join(preempted)}), {len(run)} steps; "
+            f"{sum(r.swapped_out for r in run)} frames swapped out and {sum(r.swapped_in for r in run)} "
+            f"back in; {same} of {len(questions)} answers token for token the same as in the roomy "
+            f"run above."
+        )
+    )
 
 # %% [markdown]
 # In both timelines `!` marks the step a request lost its frames. After a recompute it comes
@@ -162,15 +193,37 @@ for mode, run in runs.items():
 
 # %%
 rng = np.random.default_rng(0)
-topics = ["page tables", "the moon", "bread", "rivers", "chess", "rain",
-          "trains", "cats", "volcanoes", "bees", "maps", "tea"]
-workload = [({"prompt_token_ids": llm.tokenizer.encode_chat([{"role": "user", "content": f"Tell me about {t}."}])},
-             SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True))
-            for t, n in zip(topics, rng.integers(4, 40, len(topics)))]
+topics = [
+    "page tables",
+    "the moon",
+    "bread",
+    "rivers",
+    "chess",
+    "rain",
+    "trains",
+    "cats",
+    "volcanoes",
+    "bees",
+    "maps",
+    "tea",
+]
+workload = [
+    (
+        {
+            "prompt_token_ids": llm.tokenizer.encode_chat(
+                [{"role": "user", "content": f"Tell me about {t}."}]
+            )
+        },
+        SamplingParams(temperature=0, max_tokens=int(n), ignore_eos=True),
+    )
+    for t, n in zip(topics, rng.integers(4, 40, len(topics)))
+]
 
 results = {}
 for scheduler in ("continuous", "static"):
-    engine = llm.new_engine(scheduler=scheduler, num_blocks=32, block_size=16, max_model_len=128)
+    engine = llm.new_engine(
+        scheduler=scheduler, num_blocks=32, block_size=16, max_model_len=128
+    )
     for i, (prompt, params) in enumerate(workload):
         engine.add_request(f"r{i}", prompt, params)
     start, steps = time.perf_counter(), []
@@ -178,30 +231,48 @@ for scheduler in ("continuous", "static"):
         steps.append(engine.step())
     seconds = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for r in steps for o in r.finished for c in o.outputs)
-    results[scheduler] = {"seconds": seconds, "tokens": tokens, "reports": steps,
-                          "tokens_per_s": tokens / seconds, "padding": sum(r.padding for r in steps),
-                          "rows": sum(len(r.ran) + r.padding for r in steps)}  # sequences computed
-    print(f"{scheduler:>10}: {tokens} tokens in {seconds:.1f} s, {len(steps)} steps, "
-          f"{tokens / seconds:.1f} tokens/s")
+    results[scheduler] = {
+        "seconds": seconds,
+        "tokens": tokens,
+        "reports": steps,
+        "tokens_per_s": tokens / seconds,
+        "padding": sum(r.padding for r in steps),
+        "rows": sum(len(r.ran) + r.padding for r in steps),
+    }  # sequences computed
+    print(
+        f"{scheduler:>10}: {tokens} tokens in {seconds:.1f} s, {len(steps)} steps, "
+        f"{tokens / seconds:.1f} tokens/s"
+    )
 
 # %%
-display(Timeline(results["static"]["reports"]), Timeline(results["continuous"]["reports"]))
+display(
+    Timeline(results["static"]["reports"]), Timeline(results["continuous"]["reports"])
+)
 
 # %%
 cont, static = results["continuous"], results["static"]
 ratio = cont["tokens_per_s"] / static["tokens_per_s"]
-display(BarChart("the same requests and memory: generated tokens per second",
-                 list(results), {"tokens/s": [r["tokens_per_s"] for r in results.values()]}, unit=" tok/s"))
-display(Markdown(
-    f"Continuous batching served the same {cont['tokens']} tokens **{ratio:.1f}×** as fast "
-    f"({cont['tokens_per_s']:.1f} against {static['tokens_per_s']:.1f} tokens/s), in {len(cont['reports'])} "
-    f"steps against {len(static['reports'])}. Two causes, both in the timelines. The static engine computed "
-    f"{static['rows'] / len(static['reports']):.1f} sequences per step on average, because its reservations "
-    f"left room for 4 requests at a time, and {static['padding']} of its {static['rows']} rows were padding "
-    f"for requests already done. The continuous engine computed {cont['rows'] / len(cont['reports']):.1f} per "
-    f"step, every one useful, because paging let it admit requests as long as their frames fit. A step over a "
-    f"larger batch costs little more than over a small one, on a CPU's BLAS and even more so on a GPU, so "
-    f"more tokens per step means more tokens per second."))
+display(
+    BarChart(
+        "the same requests and memory: generated tokens per second",
+        list(results),
+        {"tokens/s": [r["tokens_per_s"] for r in results.values()]},
+        unit=" tok/s",
+    )
+)
+display(
+    Markdown(
+        f"Continuous batching served the same {cont['tokens']} tokens **{ratio:.1f}×** as fast "
+        f"({cont['tokens_per_s']:.1f} against {static['tokens_per_s']:.1f} tokens/s), in {len(cont['reports'])} "
+        f"steps against {len(static['reports'])}. Two causes, both in the timelines. The static engine computed "
+        f"{static['rows'] / len(static['reports']):.1f} sequences per step on average, because its reservations "
+        f"left room for 4 requests at a time, and {static['padding']} of its {static['rows']} rows were padding "
+        f"for requests already done. The continuous engine computed {cont['rows'] / len(cont['reports']):.1f} per "
+        f"step, every one useful, because paging let it admit requests as long as their frames fit. A step over a "
+        f"larger batch costs little more than over a small one, on a CPU's BLAS and even more so on a GPU, so "
+        f"more tokens per step means more tokens per second."
+    )
+)
 
 # %% [markdown]
 # ## Exercises

@@ -40,10 +40,14 @@ from minipaged import LLM, SamplingParams
 from minipaged.paging import bytes_per_frame
 from minipaged.tools.viz import FrameMap, LineChart, Timeline
 
-llm = LLM(num_blocks=128)  # a pool of 128 frames of 16 token slots: small enough to see whole
+llm = LLM(
+    num_blocks=128
+)  # a pool of 128 frames of 16 token slots: small enough to see whole
 engine, blocks = llm.engine, llm.engine.blocks
-print(f"{llm.model_name} on {llm.device} ({llm.dtype}), loaded in {llm.load_seconds:.1f} s; "
-      f"KV pool of {blocks.num_frames} frames x {blocks.block_size} slots")
+print(
+    f"{llm.model_name} on {llm.device} ({llm.dtype}), loaded in {llm.load_seconds:.1f} s; "
+    f"KV pool of {blocks.num_frames} frames x {blocks.block_size} slots"
+)
 
 # %% [markdown]
 # ## The requests
@@ -52,24 +56,54 @@ print(f"{llm.model_name} on {llm.device} ({llm.dtype}), loaded in {llm.load_seco
 # (`temperature=0`) and at most 32 tokens, to keep the run short on a CPU.
 
 # %%
-system = ("You are a friendly tutor for an operating systems course. "
-          "Answer in two short sentences, plainly, without lists.")
-questions = ["What is a page table?", "What is a frame?", "What is demand paging?", "What does fork() do?",
-             "What is copy-on-write?", "What is swapping?", "What is a page cache?", "What is a TLB?",
-             "What is virtual memory?", "What is a page fault?", "Why do pages have a fixed size?",
-             "What is thrashing?", "What is a working set?", "What is memory fragmentation?",
-             "What is a scheduler?", "What is a context switch?", "What is a process?", "What is a thread?",
-             "What is a kernel?", "What is a system call?", "What is a mutex?", "What is a deadlock?",
-             "What is an interrupt?", "What is DMA?"]
-prompts = [llm.tokenizer.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": q}])
-           for q in questions]
+system = (
+    "You are a friendly tutor for an operating systems course. "
+    "Answer in two short sentences, plainly, without lists."
+)
+questions = [
+    "What is a page table?",
+    "What is a frame?",
+    "What is demand paging?",
+    "What does fork() do?",
+    "What is copy-on-write?",
+    "What is swapping?",
+    "What is a page cache?",
+    "What is a TLB?",
+    "What is virtual memory?",
+    "What is a page fault?",
+    "Why do pages have a fixed size?",
+    "What is thrashing?",
+    "What is a working set?",
+    "What is memory fragmentation?",
+    "What is a scheduler?",
+    "What is a context switch?",
+    "What is a process?",
+    "What is a thread?",
+    "What is a kernel?",
+    "What is a system call?",
+    "What is a mutex?",
+    "What is a deadlock?",
+    "What is an interrupt?",
+    "What is DMA?",
+]
+prompts = [
+    llm.tokenizer.encode_chat(
+        [{"role": "system", "content": system}, {"role": "user", "content": q}]
+    )
+    for q in questions
+]
 params = SamplingParams(temperature=0, max_tokens=32)
-common = next(i for i in range(min(map(len, prompts))) if len({p[i] for p in prompts}) > 1)
-display(Markdown(
-    f"{len(prompts)} prompts of {min(map(len, prompts))}–{max(map(len, prompts))} tokens. The first "
-    f"{common}, the chat template and the system prompt, are the same in all of them, and most questions "
-    f"go on alike ('What is a…'): the prefix cache can share every full block of {blocks.block_size} "
-    f"tokens that two prompts have in common."))
+common = next(
+    i for i in range(min(map(len, prompts))) if len({p[i] for p in prompts}) > 1
+)
+display(
+    Markdown(
+        f"{len(prompts)} prompts of {min(map(len, prompts))}–{max(map(len, prompts))} tokens. The first "
+        f"{common}, the chat template and the system prompt, are the same in all of them, and most questions "
+        f"go on alike ('What is a…'): the prefix cache can share every full block of {blocks.block_size} "
+        f"tokens that two prompts have in common."
+    )
+)
 
 # %% [markdown]
 # ## Serving them all at once
@@ -97,10 +131,13 @@ generated = sum(len(o.outputs[0].token_ids) for o in outputs.values())
 batched_rate = generated / batched_seconds
 for i in range(3):
     print(f"{questions[i]} -> {outputs[f'q{i}'].outputs[0].text!r}")
-display(Markdown(
-    f"**{len(outputs)} answers, {generated} tokens in {batched_seconds:.1f} s: {batched_rate:.1f} tokens/s**, "
-    f"in {len(reports)} steps. Step 0 admitted {len(reports[0].ran)} requests, and each got its first token "
-    f"after {reports[0].seconds:.2f} s: the prefill of all their prompts was one forward pass."))
+display(
+    Markdown(
+        f"**{len(outputs)} answers, {generated} tokens in {batched_seconds:.1f} s: {batched_rate:.1f} tokens/s**, "
+        f"in {len(reports)} steps. Step 0 admitted {len(reports[0].ran)} requests, and each got its first token "
+        f"after {reports[0].seconds:.2f} s: the prefill of all their prompts was one forward pass."
+    )
+)
 
 # %%
 Timeline(reports)
@@ -117,23 +154,40 @@ FrameMap(peak_blocks)
 
 # %%
 max_len = llm.max_model_len
-frame_bytes = bytes_per_frame(llm.model.config.num_layers, llm.model.config.num_kv_heads,
-                              llm.model.config.head_dim, blocks.block_size, dtype="float16")
-slabs = len(prompts) * max_len // blocks.block_size  # frames a max_model_len slab per request takes
-display(Markdown(
-    f"- At step {peak_step}, **{max(used)} frames** were in use for {len(peak_blocks.seq_ids())} sequences; without "
-    f"sharing they would have taken {unshared[peak_step]}. {peak_usage.shared_frames} frames were mapped by "
-    f"several sequences.\n"
-    f"- Of the slots allocated then, **{peak_usage.utilization:.1%}** held a token's key and value "
-    f"(`blocks.usage()`); the rest, {peak_usage.internal_waste} slots, were the unfilled tails of last blocks, "
-    f"under one block per sequence.\n"
-    f"- Reserving a slab of `max_model_len` = {max_len:,} tokens per request, as before paging, would have "
-    f"taken {slabs:,} frames for these {len(prompts)} requests, {slabs / max(used):.0f}× the peak here: "
-    f"{slabs * frame_bytes / 2**20:,.0f} MiB in float16 on a GPU against "
-    f"{max(used) * frame_bytes / 2**20:,.1f} MiB."))
-display(LineChart("KV frames in use at each step", list(range(len(used))),
-                  {"in use (shared prefix)": used, "without sharing": unshared},
-                  x_label="step", y_label="frames", digits=0))
+frame_bytes = bytes_per_frame(
+    llm.model.config.num_layers,
+    llm.model.config.num_kv_heads,
+    llm.model.config.head_dim,
+    blocks.block_size,
+    dtype="float16",
+)
+slabs = (
+    len(prompts) * max_len // blocks.block_size
+)  # frames a max_model_len slab per request takes
+display(
+    Markdown(
+        f"- At step {peak_step}, **{max(used)} frames** were in use for {len(peak_blocks.seq_ids())} sequences; without "
+        f"sharing they would have taken {unshared[peak_step]}. {peak_usage.shared_frames} frames were mapped by "
+        f"several sequences.\n"
+        f"- Of the slots allocated then, **{peak_usage.utilization:.1%}** held a token's key and value "
+        f"(`blocks.usage()`); the rest, {peak_usage.internal_waste} slots, were the unfilled tails of last blocks, "
+        f"under one block per sequence.\n"
+        f"- Reserving a slab of `max_model_len` = {max_len:,} tokens per request, as before paging, would have "
+        f"taken {slabs:,} frames for these {len(prompts)} requests, {slabs / max(used):.0f}× the peak here: "
+        f"{slabs * frame_bytes / 2**20:,.0f} MiB in float16 on a GPU against "
+        f"{max(used) * frame_bytes / 2**20:,.1f} MiB."
+    )
+)
+display(
+    LineChart(
+        "KV frames in use at each step",
+        list(range(len(used))),
+        {"in use (shared prefix)": used, "without sharing": unshared},
+        x_label="step",
+        y_label="frames",
+        digits=0,
+    )
+)
 
 # %% [markdown]
 # ## The prefix cache's hits
@@ -142,12 +196,15 @@ display(LineChart("KV frames in use at each step", list(range(len(used))),
 prompt_tokens = sum(len(p) for p in prompts)
 cached = sum(o.num_cached_tokens for o in outputs.values())
 hits = sum(o.num_cached_tokens > 0 for o in outputs.values())
-display(Markdown(
-    f"{hits} of {len(outputs)} requests found the system prompt in the prefix cache: **{cached:,} of "
-    f"{prompt_tokens:,} prompt tokens ({cached / prompt_tokens:.0%})** were never computed. The first "
-    f"request admitted computed the shared blocks; the others, admitted in the same step, mapped its "
-    f"frames at once (their keys and values are written before any attention reads them, layer by "
-    f"layer)."))
+display(
+    Markdown(
+        f"{hits} of {len(outputs)} requests found the system prompt in the prefix cache: **{cached:,} of "
+        f"{prompt_tokens:,} prompt tokens ({cached / prompt_tokens:.0%})** were never computed. The first "
+        f"request admitted computed the shared blocks; the others, admitted in the same step, mapped its "
+        f"frames at once (their keys and values are written before any attention reads them, layer by "
+        f"layer)."
+    )
+)
 
 # %% [markdown]
 # ## Against one request at a time
@@ -162,13 +219,19 @@ for prompt in prompts[:4]:
     alone += llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
 alone_seconds = time.perf_counter() - start
 alone_rate = sum(len(o.outputs[0].token_ids) for o in alone) / alone_seconds
-same = sum(a.outputs[0].token_ids == outputs[f"q{i}"].outputs[0].token_ids for i, a in enumerate(alone))
-display(Markdown(
-    f"One at a time: **{alone_rate:.1f} tokens/s**; all {len(prompts)} at once: {batched_rate:.1f} tokens/s, "
-    f"**{batched_rate / alone_rate:.1f}×** as many. A decode step reads every weight of the model once, "
-    f"whatever the batch, so a batch of {len(prompts)} shares that cost {len(prompts)} ways. And "
-    f"{same} of {len(alone)} answers are token for token the ones the batched run gave: batching, paging "
-    f"and sharing change when and where things are computed, not what."))
+same = sum(
+    a.outputs[0].token_ids == outputs[f"q{i}"].outputs[0].token_ids
+    for i, a in enumerate(alone)
+)
+display(
+    Markdown(
+        f"One at a time: **{alone_rate:.1f} tokens/s**; all {len(prompts)} at once: {batched_rate:.1f} tokens/s, "
+        f"**{batched_rate / alone_rate:.1f}×** as many. A decode step reads every weight of the model once, "
+        f"whatever the batch, so a batch of {len(prompts)} shares that cost {len(prompts)} ways. And "
+        f"{same} of {len(alone)} answers are token for token the ones the batched run gave: batching, paging "
+        f"and sharing change when and where things are computed, not what."
+    )
+)
 
 # %% [markdown]
 # ## Exercises

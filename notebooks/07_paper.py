@@ -33,7 +33,11 @@
 from IPython.display import Markdown, display
 
 from minipaged.tools.bench import simulate as sim
-from minipaged.tools.bench.paper import PAPER_TOKEN_STATES, fragmentation_chart, fragmentation_table
+from minipaged.tools.bench.paper import (
+    PAPER_TOKEN_STATES,
+    fragmentation_chart,
+    fragmentation_table,
+)
 from minipaged.tools.viz import LineChart
 
 # %% [markdown]
@@ -51,11 +55,14 @@ print(fragmentation_table(shares))
 
 # %%
 ours = {name: r["token_states"] for name, r in shares.items()}
-display(Markdown(
-    f"Paging keeps {ours['paged']:.1%} of the slots busy with token states (the paper: "
-    f"{PAPER_TOKEN_STATES['paged']:.1%}); Orca's oracle chunk {ours['contiguous-oracle']:.1%} (paper "
-    f"{PAPER_TOKEN_STATES['contiguous-oracle']:.1%}). Our oracle and pow2 do better than the paper's: our "
-    "reservations are exact (the trace's real answer length), and the trace is drawn, not ShareGPT itself."))
+display(
+    Markdown(
+        f"Paging keeps {ours['paged']:.1%} of the slots busy with token states (the paper: "
+        f"{PAPER_TOKEN_STATES['paged']:.1%}); Orca's oracle chunk {ours['contiguous-oracle']:.1%} (paper "
+        f"{PAPER_TOKEN_STATES['contiguous-oracle']:.1%}). Our oracle and pow2 do better than the paper's: our "
+        "reservations are exact (the trace's real answer length), and the trace is drawn, not ShareGPT itself."
+    )
+)
 
 # %% [markdown]
 # ## Latency against load (Figure 12's shape)
@@ -67,21 +74,47 @@ display(Markdown(
 # %%
 specs = sim.trace_specs("sharegpt", 300)
 rates = [0.5, 1, 2, 3, 4, 5, 6]
-systems = ["paged", "contiguous-oracle", "contiguous-pow2", "contiguous-max"]  # static: off the scale
-curves = {s: [sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency for r in rates]
-          for s in systems}
-display(LineChart("normalized latency, opt-13b-a100 model, ShareGPT-like", rates, curves, x_label="req/s",
-                  y_label="s/token", digits=3))
+systems = [
+    "paged",
+    "contiguous-oracle",
+    "contiguous-pow2",
+    "contiguous-max",
+]  # static: off the scale
+curves = {
+    s: [
+        sim.simulate("opt-13b-a100", s, sim.poisson_trace(specs, r)).normalized_latency
+        for r in rates
+    ]
+    for s in systems
+}
+display(
+    LineChart(
+        "normalized latency, opt-13b-a100 model, ShareGPT-like",
+        rates,
+        curves,
+        x_label="req/s",
+        y_label="s/token",
+        digits=3,
+    )
+)
 
 # %%
 threshold = 4 * curves["paged"][0]
-measured = {s: dict(zip(rates, curves[s])) for s in systems}  # the search starts between the curve's points
-best = {s: sim.max_sustainable_rate("opt-13b-a100", s, threshold, 300, known=measured[s])
-        for s in ("paged", "contiguous-oracle", "contiguous-max")}
-display(Markdown(
-    f"Highest rate under {threshold:.3f} s/token: " + ", ".join(f"{s} {r:.1f}/s" for s, r in best.items())
-    + f". Paging over the oracle chunk: {best['paged'] / best['contiguous-oracle']:.2f}x (paper 1.7–2.7x); "
-    f"over max chunks: {best['paged'] / best['contiguous-max']:.2f}x (paper 2.7–8x)."))
+measured = {
+    s: dict(zip(rates, curves[s])) for s in systems
+}  # the search starts between the curve's points
+best = {
+    s: sim.max_sustainable_rate("opt-13b-a100", s, threshold, 300, known=measured[s])
+    for s in ("paged", "contiguous-oracle", "contiguous-max")
+}
+display(
+    Markdown(
+        f"Highest rate under {threshold:.3f} s/token: "
+        + ", ".join(f"{s} {r:.1f}/s" for s, r in best.items())
+        + f". Paging over the oracle chunk: {best['paged'] / best['contiguous-oracle']:.2f}x (paper 1.7–2.7x); "
+        f"over max chunks: {best['paged'] / best['contiguous-max']:.2f}x (paper 2.7–8x)."
+    )
+)
 
 # %% [markdown]
 # The simulator is a model of OPT-13B on an A100 (a roofline: weights and KV bytes read per step
@@ -98,11 +131,17 @@ display(Markdown(
 
 # %%
 cpu = sim.PROFILES["cpu-smollm2"]
-display(Markdown(f"Fitted: {1e3 * cpu.fixed:.1f} ms a step, {1e3 * cpu.per_token:.2f} ms a token computed, "
-                 f"{1e6 * cpu.per_context:.1f} µs a token attended."))
+display(
+    Markdown(
+        f"Fitted: {1e3 * cpu.fixed:.1f} ms a step, {1e3 * cpu.per_token:.2f} ms a token computed, "
+        f"{1e6 * cpu.per_context:.1f} µs a token attended."
+    )
+)
 for batch in (1, 4, 16):
-    print(f"decode step of {batch:2} sequences with 200 cached tokens each: "
-          f"{1e3 * cpu.step_time(batch, batch * 201):.0f} ms")
+    print(
+        f"decode step of {batch:2} sequences with 200 cached tokens each: "
+        f"{1e3 * cpu.step_time(batch, batch * 201):.0f} ms"
+    )
 
 # %% [markdown]
 # ## Exercises

@@ -63,20 +63,38 @@ print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 # first.
 
 # %%
-TEXT = ("The Atlas computer, built at the University of Manchester in 1962, was the first machine "
-        "with virtual memory. Its designers split memory into pages of 512 words and kept a table "
-        "that mapped each page to a frame of core memory.")
-rewrite_ids = llm.tokenizer.encode_chat([{"role": "user", "content": f"Repeat this text word for word:\n\n{TEXT}"}])
+TEXT = (
+    "The Atlas computer, built at the University of Manchester in 1962, was the first machine "
+    "with virtual memory. Its designers split memory into pages of 512 words and kept a table "
+    "that mapped each page to a frame of core memory."
+)
+rewrite_ids = llm.tokenizer.encode_chat(
+    [{"role": "user", "content": f"Repeat this text word for word:\n\n{TEXT}"}]
+)
 greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-answer = llm.generate([{"prompt_token_ids": rewrite_ids}], greedy, use_tqdm=False)[0].outputs[0].token_ids
+answer = (
+    llm.generate([{"prompt_token_ids": rewrite_ids}], greedy, use_tqdm=False)[0]
+    .outputs[0]
+    .token_ids
+)
 
 rows = []
-for i in range(0, 24, 3):  # what would the proposer guess after the first i tokens of the answer?
+for i in range(
+    0, 24, 3
+):  # what would the proposer guess after the first i tokens of the answer?
     guess = ngram_propose(rewrite_ids + answer[:i], 4, 1, 3)
-    right = next((j for j, (g, t) in enumerate(zip(guess, answer[i:])) if g != t), len(guess))
-    rows.append(f"| {i} | {llm.tokenizer.decode(guess)!r} | {llm.tokenizer.decode(answer[i:i + 4])!r} | {right} |")
-display(Markdown("| answer tokens so far | n-gram guess (4 tokens) | what the model said | guesses right |\n"
-                 "| --- | --- | --- | --- |\n" + "\n".join(rows)))
+    right = next(
+        (j for j, (g, t) in enumerate(zip(guess, answer[i:])) if g != t), len(guess)
+    )
+    rows.append(
+        f"| {i} | {llm.tokenizer.decode(guess)!r} | {llm.tokenizer.decode(answer[i : i + 4])!r} | {right} |"
+    )
+display(
+    Markdown(
+        "| answer tokens so far | n-gram guess (4 tokens) | what the model said | guesses right |\n"
+        "| --- | --- | --- | --- |\n" + "\n".join(rows)
+    )
+)
 
 # %% [markdown]
 # ## One step: the guesses ride in the batch
@@ -90,7 +108,12 @@ display(Markdown("| answer tokens so far | n-gram guess (4 tokens) | what the mo
 # prefills. The `StepReport` says how many guesses the step checked and how many were right.
 
 # %%
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
 engine = llm.new_engine(block_size=8, num_blocks=128, speculative_config=NGRAM)
 engine.add_request("rewrite", {"prompt_token_ids": rewrite_ids}, greedy)
 for _ in range(8):
@@ -116,20 +139,23 @@ while engine.has_unfinished_requests():
 
 # %%
 manager = BlockManager(num_blocks=12, block_size=4)
-manager.allocate("s", list(range(100, 110)))      # 10 tokens: 3 frames, the last half full
+manager.allocate("s", list(range(100, 110)))  # 10 tokens: 3 frames, the last half full
 taken, copies = manager.append_guess_slots("s", 5)
 display(PageTableView(manager, ["s"]), FrameMap(manager, per_row=12))
 print(PageTableView(manager, ["s"]))
 
 # %%
 free_before = manager.num_free_frames
-manager.settle_guesses("s", [110, 111])           # the first two guesses were right
+manager.settle_guesses("s", [110, 111])  # the first two guesses were right
 display(PageTableView(manager, ["s"]), FrameMap(manager, per_row=12))
-display(Markdown(
-    f"The guesses took {taken} slots; the table held {10 + taken} slots in "
-    f"{manager.frames_for(10 + taken)} frames. With {2} accepted it holds {manager.num_tokens('s')} tokens "
-    f"in {len(manager.block_table('s'))} frames: the rollback returned "
-    f"{manager.num_free_frames - free_before} frame(s) to the free list."))
+display(
+    Markdown(
+        f"The guesses took {taken} slots; the table held {10 + taken} slots in "
+        f"{manager.frames_for(10 + taken)} frames. With {2} accepted it holds {manager.num_tokens('s')} tokens "
+        f"in {len(manager.block_table('s'))} frames: the rollback returned "
+        f"{manager.num_free_frames - free_before} frame(s) to the free list."
+    )
+)
 
 # %% [markdown]
 # The prefix cache (notebook 4) names a full block by its tokens, so that another prompt with
@@ -139,11 +165,20 @@ display(Markdown(
 
 # %%
 cache = BlockManager(num_blocks=8, block_size=2)
-cache.allocate("t", [1, 2, 3])                    # block [1, 2] is full and named
-cache.append_guess_slots("t", 3)                  # guesses fill block [3, ?] and start another
-print("during the step, a prompt 1 2 3 4 finds", cache.cached_frames([1, 2, 3, 4]), "(only the prompt's block)")
-cache.settle_guesses("t", [4])                    # the guess 4 was right: block [3, 4] is named now
-print("after it, the same prompt finds", cache.cached_frames([1, 2, 3, 4]), "=", cache.block_table("t"))
+cache.allocate("t", [1, 2, 3])  # block [1, 2] is full and named
+cache.append_guess_slots("t", 3)  # guesses fill block [3, ?] and start another
+print(
+    "during the step, a prompt 1 2 3 4 finds",
+    cache.cached_frames([1, 2, 3, 4]),
+    "(only the prompt's block)",
+)
+cache.settle_guesses("t", [4])  # the guess 4 was right: block [3, 4] is named now
+print(
+    "after it, the same prompt finds",
+    cache.cached_frames([1, 2, 3, 4]),
+    "=",
+    cache.block_table("t"),
+)
 
 # %% [markdown]
 # ## The same answers, and what the guessing buys
@@ -155,7 +190,9 @@ print("after it, the same prompt finds", cache.cached_frames([1, 2, 3, 4]), "=",
 # %%
 import time
 
-chat_ids = llm.tokenizer.encode_chat([{"role": "user", "content": "Write a short story about a dragon."}])
+chat_ids = llm.tokenizer.encode_chat(
+    [{"role": "user", "content": "Write a short story about a dragon."}]
+)
 
 
 def run(spec, prompt_ids):
@@ -165,18 +202,30 @@ def run(spec, prompt_ids):
     steps, guessed, accepted, start = 0, 0, 0, time.perf_counter()
     while engine.has_unfinished_requests():
         report = engine.step()
-        steps, guessed, accepted = steps + 1, guessed + report.guessed, accepted + report.accepted
+        steps, guessed, accepted = (
+            steps + 1,
+            guessed + report.guessed,
+            accepted + report.accepted,
+        )
         tokens = report.finished[0].outputs[0].token_ids if report.finished else None
     return tokens, steps, time.perf_counter() - start, guessed, accepted
 
 
-lines = ["| prompt | decoding | forwards | tokens per forward | accepted guesses | tok/s |", "| --- | --- | --- | --- | --- | --- |"]
+lines = [
+    "| prompt | decoding | forwards | tokens per forward | accepted guesses | tok/s |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
 for name, ids in (("rewrite", rewrite_ids), ("chat", chat_ids)):
     plain, spec = run(None, ids), run(NGRAM, ids)
     assert spec[0] == plain[0]  # the very same tokens
-    for label, (tokens, steps, seconds, guessed, accepted) in (("plain", plain), ("n-gram, k=4", spec)):
+    for label, (tokens, steps, seconds, guessed, accepted) in (
+        ("plain", plain),
+        ("n-gram, k=4", spec),
+    ):
         rate = f"{accepted}/{guessed}" if guessed else "-"
-        lines.append(f"| {name} | {label} | {steps} | {len(tokens) / steps:.2f} | {rate} | {len(tokens) / seconds:.1f} |")
+        lines.append(
+            f"| {name} | {label} | {steps} | {len(tokens) / steps:.2f} | {rate} | {len(tokens) / seconds:.1f} |"
+        )
 display(Markdown("\n".join(lines)))
 
 # %% [markdown]
@@ -203,14 +252,22 @@ display(Markdown("\n".join(lines)))
 
 # %%
 params, rng = SamplingParams(temperature=1.0), np.random.default_rng(0)
-logits = np.array([[2.0, 1.0, 0.5, -1.0, 0.0], [0.0, 1.5, -0.5, 1.0, 0.3]], dtype=np.float32)
+logits = np.array(
+    [[2.0, 1.0, 0.5, -1.0, 0.0], [0.0, 1.5, -0.5, 1.0, 0.3]], dtype=np.float32
+)
 p = distribution(logits[0], params)
 first = np.array([verify(logits, [3], params, rng)[0] for _ in range(20_000)])
-always = np.where(rng.random(20_000) < 0.5, 3, first)  # a wrong rule: keep the guess half the time
-lines = ["| token | model p | emitted, rejection sampling | emitted, keeping the guess half the time |",
-         "| --- | --- | --- | --- |"]
+always = np.where(
+    rng.random(20_000) < 0.5, 3, first
+)  # a wrong rule: keep the guess half the time
+lines = [
+    "| token | model p | emitted, rejection sampling | emitted, keeping the guess half the time |",
+    "| --- | --- | --- | --- |",
+]
 for t in range(5):
-    lines.append(f"| {t} | {p[t]:.3f} | {np.mean(first == t):.3f} | {np.mean(always == t):.3f} |")
+    lines.append(
+        f"| {t} | {p[t]:.3f} | {np.mean(first == t):.3f} | {np.mean(always == t):.3f} |"
+    )
 display(Markdown("\n".join(lines)))
 
 # %% [markdown]

@@ -32,9 +32,9 @@
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
+from minipaged.paging import REPLACEMENT_POLICIES, PrefixCache
 from minipaged.tools.bench import replacement as rp
 from minipaged.tools.bench.workload import chat_trace
-from minipaged.paging import REPLACEMENT_POLICIES, PrefixCache
 
 print("policies:", ", ".join(REPLACEMENT_POLICIES))
 
@@ -57,6 +57,7 @@ print("policies:", ", ".join(REPLACEMENT_POLICIES))
 # Four frames below get their content in the order 0, 1, 2, 3, are parked in the order 3, 2,
 # 1, 0, and frame 3 is then hit once (mapped by a sequence, and parked again):
 
+
 # %%
 def eviction_order(policy: str) -> list[int]:
     cache = PrefixCache(policy)
@@ -65,12 +66,16 @@ def eviction_order(policy: str) -> list[int]:
     for frame in (3, 2, 1, 0):
         cache.park(frame)
     cache.revive(3)  # a prompt maps frame 3 again...
-    cache.park(3)    # ...and lets it go
+    cache.park(3)  # ...and lets it go
     return [cache.evict() for _ in range(4)]
 
 
-display(Markdown("| policy | frames given up, first to last |\n| --- | --- |\n"
-                 + "\n".join(f"| {p} | {eviction_order(p)} |" for p in REPLACEMENT_POLICIES)))
+display(
+    Markdown(
+        "| policy | frames given up, first to last |\n| --- | --- |\n"
+        + "\n".join(f"| {p} | {eviction_order(p)} |" for p in REPLACEMENT_POLICIES)
+    )
+)
 
 # %% [markdown]
 # ## CLOCK's ring
@@ -80,10 +85,13 @@ display(Markdown("| policy | frames given up, first to last |\n| --- | --- |\n"
 # sweep clears them all and comes back to frame 0. Then frame 1 is used again (its bit set),
 # and the hand skips it once.
 
+
 # %%
 def ring(cache: PrefixCache) -> str:
-    return "  ".join(("> " if i == 0 else "") + f"{frame}{'*' if referenced else ' '}"
-                     for i, (frame, referenced) in enumerate(cache.policy.ring.items()))
+    return "  ".join(
+        ("> " if i == 0 else "") + f"{frame}{'*' if referenced else ' '}"
+        for i, (frame, referenced) in enumerate(cache.policy.ring.items())
+    )
 
 
 clock = PrefixCache("clock")
@@ -111,10 +119,18 @@ for _ in range(3):
 # frames are always among those cached with `k + 1`), so they cannot do that.
 
 # %%
-rows = [f"| {p} | " + " | ".join(str(rp.classic_faults(rp.CLASSIC_ANOMALY, p, k)) for k in (3, 4)) + " |"
-        for p in ("fifo", "lru", "clock", "min")]
-display(Markdown(f"reference string {rp.CLASSIC_ANOMALY}\n\n| policy | faults, 3 frames | faults, 4 frames |\n"
-                 "| --- | --- | --- |\n" + "\n".join(rows)))
+rows = [
+    f"| {p} | "
+    + " | ".join(str(rp.classic_faults(rp.CLASSIC_ANOMALY, p, k)) for k in (3, 4))
+    + " |"
+    for p in ("fifo", "lru", "clock", "min")
+]
+display(
+    Markdown(
+        f"reference string {rp.CLASSIC_ANOMALY}\n\n| policy | faults, 3 frames | faults, 4 frames |\n"
+        "| --- | --- | --- |\n" + "\n".join(rows)
+    )
+)
 
 # %% [markdown]
 # Is MIN really the optimum here? A prefix cache is not quite a page cache: a block is found
@@ -123,12 +139,26 @@ display(Markdown(f"reference string {rp.CLASSIC_ANOMALY}\n\n| policy | faults, 3
 # once for every sequence of eviction choices and keeps the best.
 
 # %%
-small = chat_trace(num_conversations=6, turns=2, num_system_prompts=3, system_len=8, question_mean=2,
-                   answer_mean=2, active=3, seed=7)
+small = chat_trace(
+    num_conversations=6,
+    turns=2,
+    num_system_prompts=3,
+    system_len=8,
+    question_mean=2,
+    answer_mean=2,
+    active=3,
+    seed=7,
+)
 for frames in (9, 10, 11):
     best = rp.brute_force_best(small, frames, 4, concurrency=2)
-    got = {p: rp.replay(small, frames, 4, p, concurrency=2).hits for p in (*REPLACEMENT_POLICIES, "min")}
-    print(f"{frames} frames: best of every eviction script {best} hits; " + ", ".join(f"{p} {h}" for p, h in got.items()))
+    got = {
+        p: rp.replay(small, frames, 4, p, concurrency=2).hits
+        for p in (*REPLACEMENT_POLICIES, "min")
+    }
+    print(
+        f"{frames} frames: best of every eviction script {best} hits; "
+        + ", ".join(f"{p} {h}" for p, h in got.items())
+    )
 
 # %% [markdown]
 # ## The curve: hit rate against memory
@@ -149,13 +179,30 @@ print(chart)
 chart
 
 # %%
-above = {p: [pools[i] for i, (h, m) in enumerate(zip(c["hits"], curves["min"]["hits"])) if h > m]
-         for p, c in curves.items()}
+above = {
+    p: [
+        pools[i]
+        for i, (h, m) in enumerate(zip(c["hits"], curves["min"]["hits"]))
+        if h > m
+    ]
+    for p, c in curves.items()
+}
 print("pools where a policy beats MIN:", above)
-print(f"at the floor ({floor} frames) MIN saves {curves['min']['saved_tokens'][0]:,} prefill tokens, "
-      f"LRU {curves['lru']['saved_tokens'][0]:,}, FIFO {curves['fifo']['saved_tokens'][0]:,}")
-print("a bigger pool that hits less:", {p: [(pools[i], pools[i + 1]) for i in range(len(pools) - 1)
-                                           if c["hits"][i + 1] < c["hits"][i]] for p, c in curves.items()})
+print(
+    f"at the floor ({floor} frames) MIN saves {curves['min']['saved_tokens'][0]:,} prefill tokens, "
+    f"LRU {curves['lru']['saved_tokens'][0]:,}, FIFO {curves['fifo']['saved_tokens'][0]:,}"
+)
+print(
+    "a bigger pool that hits less:",
+    {
+        p: [
+            (pools[i], pools[i + 1])
+            for i in range(len(pools) - 1)
+            if c["hits"][i + 1] < c["hits"][i]
+        ]
+        for p, c in curves.items()
+    },
+)
 
 # %% [markdown]
 # Reading it: at the top every policy meets MIN (nothing is evicted, only first-time misses
@@ -166,7 +213,10 @@ print("a bigger pool that hits less:", {p: [(pools[i], pools[i + 1]) for i in ra
 # string. The search below counts small chat traces where one more frame makes a policy hit less.
 
 # %%
-found = {p: len({a["seed"] for a in rp.anomalies(p, 20)}) for p in ("lru", "fifo", "clock", "min")}
+found = {
+    p: len({a["seed"] for a in rp.anomalies(p, 20)})
+    for p in ("lru", "fifo", "clock", "min")
+}
 print("of 20 small chat traces, those where one more frame hits less:", found)
 
 # %% [markdown]
@@ -178,22 +228,37 @@ print("of 20 small chat traces, those where one more frame hits less:", found)
 
 # %%
 llm = LLM(block_size=8, num_blocks=12)
-SYSTEMS = ["You are a helpful assistant for a railway company. Answer questions about trains, tickets "
-           "and timetables briefly and politely.",
-           "You are a cooking assistant. Suggest simple recipes with few ingredients, and answer in one "
-           "or two sentences."]
-QUESTIONS = [(0, "When does the first train leave?"), (1, "What can I cook with eggs?"),
-             (0, "Can I bring a bike?"), (1, "How long do I boil pasta?"),
-             (0, "Is there a discount for students?"), (1, "What goes well with rice?")]
-prompts = [llm.tokenizer.encode_chat([{"role": "system", "content": SYSTEMS[app]}, {"role": "user", "content": q}])
-           for app, q in QUESTIONS]
+SYSTEMS = [
+    "You are a helpful assistant for a railway company. Answer questions about trains, tickets "
+    "and timetables briefly and politely.",
+    "You are a cooking assistant. Suggest simple recipes with few ingredients, and answer in one "
+    "or two sentences.",
+]
+QUESTIONS = [
+    (0, "When does the first train leave?"),
+    (1, "What can I cook with eggs?"),
+    (0, "Can I bring a bike?"),
+    (1, "How long do I boil pasta?"),
+    (0, "Is there a discount for students?"),
+    (1, "What goes well with rice?"),
+]
+prompts = [
+    llm.tokenizer.encode_chat(
+        [{"role": "system", "content": SYSTEMS[app]}, {"role": "user", "content": q}]
+    )
+    for app, q in QUESTIONS
+]
 
 
 def serve(policy: str):
     engine = llm.new_engine(block_size=8, num_blocks=12, prefix_cache_policy=policy)
     answers = []
     for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=6))
+        engine.add_request(
+            str(i),
+            {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0, max_tokens=6),
+        )
         while engine.has_unfinished_requests():
             answers += [out.outputs[0].text for out in engine.step().finished]
     return answers, engine.blocks.prefix_cache_hits, engine.blocks.prefix_cache_queries
@@ -201,7 +266,9 @@ def serve(policy: str):
 
 served = {policy: serve(policy) for policy in ("lru", "fifo")}
 for policy, (answers, hits, queries) in served.items():
-    print(f"{policy}: {hits} of {queries} prompt tokens found in the cache; first answers {answers[:2]}")
+    print(
+        f"{policy}: {hits} of {queries} prompt tokens found in the cache; first answers {answers[:2]}"
+    )
 print("the same answers:", served["lru"][0] == served["fifo"][0])
 
 # %% [markdown]

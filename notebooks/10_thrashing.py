@@ -64,31 +64,60 @@ print(f"{llm.model_name} on {llm.device}, loaded in {llm.load_seconds:.1f} s")
 # requests that all arrive at once, in a KV cache of 256, 512 or 1,024 token slots.
 
 # %%
-requests = make_workload(48, min_len=8, max_len=120, prompt_mean=24, output_mean=48, seed=0)
+requests = make_workload(
+    48, min_len=8, max_len=120, prompt_mean=24, output_mean=48, seed=0
+)
 backlog = [Arrival(0.0, spec) for spec in requests]
 output_tokens = sum(spec.output_len for spec in requests)
 
 
-def serve(kv_tokens: int, max_num_seqs: int, preemption_mode: str = "recompute", **options) -> dict:
+def serve(
+    kv_tokens: int, max_num_seqs: int, preemption_mode: str = "recompute", **options
+) -> dict:
     """The backlog through the simulator: goodput, preemptions and recomputed tokens."""
-    profile = dataclasses.replace(PROFILES["cpu-smollm2"], kv_slots=kv_tokens, max_num_seqs=max_num_seqs,
-                                  max_model_len=kv_tokens)
-    result = Simulator(profile, "paged", preemption_mode=preemption_mode, scheduler_options=options).run(backlog)
-    return {"goodput": output_tokens / result.clock, "preemptions": result.preemptions,
-            "recomputed": result.recomputed_tokens}
+    profile = dataclasses.replace(
+        PROFILES["cpu-smollm2"],
+        kv_slots=kv_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=kv_tokens,
+    )
+    result = Simulator(
+        profile, "paged", preemption_mode=preemption_mode, scheduler_options=options
+    ).run(backlog)
+    return {
+        "goodput": output_tokens / result.clock,
+        "preemptions": result.preemptions,
+        "recomputed": result.recomputed_tokens,
+    }
 
 
 memories, concurrency = [256, 512, 1024], [1, 2, 4, 8, 16, 32, 48]
 greedy = {kv: {n: serve(kv, n) for n in concurrency} for kv in memories}
-lines = ["| KV slots | max_num_seqs | goodput (tok/s) | preemptions | recomputed tokens |", "| --- | --- | --- | --- | --- |"]
+lines = [
+    "| KV slots | max_num_seqs | goodput (tok/s) | preemptions | recomputed tokens |",
+    "| --- | --- | --- | --- | --- |",
+]
 for kv, points in greedy.items():
-    lines += [f"| {kv} | {n} | {p['goodput']:.1f} | {p['preemptions']} | {p['recomputed']} |" for n, p in points.items()]
+    lines += [
+        f"| {kv} | {n} | {p['goodput']:.1f} | {p['preemptions']} | {p['recomputed']} |"
+        for n, p in points.items()
+    ]
 display(Markdown("\n".join(lines)))
 
 # %%
-display(LineChart("goodput against max_num_seqs (simulated, cpu-smollm2)", concurrency,
-                  {f"{kv} KV slots": [p["goodput"] for p in points.values()] for kv, points in greedy.items()},
-                  x_label="max_num_seqs", y_label="tokens/s", log_x=True))
+display(
+    LineChart(
+        "goodput against max_num_seqs (simulated, cpu-smollm2)",
+        concurrency,
+        {
+            f"{kv} KV slots": [p["goodput"] for p in points.values()]
+            for kv, points in greedy.items()
+        },
+        x_label="max_num_seqs",
+        y_label="tokens/s",
+        log_x=True,
+    )
+)
 
 # %% [markdown]
 # Read each line from the left. More sequences per step is more tokens per step for the same
@@ -111,16 +140,27 @@ display(LineChart("goodput against max_num_seqs (simulated, cpu-smollm2)", concu
 import numpy as np
 
 rng = np.random.default_rng(1)
-prompts = [rng.integers(100, 10_000, int(rng.integers(8, 32))).tolist() for _ in range(8)]
+prompts = [
+    rng.integers(100, 10_000, int(rng.integers(8, 32))).tolist() for _ in range(8)
+]
 lengths = rng.integers(16, 40, len(prompts)).tolist()
 
 
 def run_engine(num_blocks=8, **options):
     """The eight requests through a fresh engine: (StepReports, greedy tokens by request)."""
-    engine = llm.new_engine(num_blocks=num_blocks, block_size=16, max_num_seqs=8, enable_prefix_caching=False,
-                            **options)
+    engine = llm.new_engine(
+        num_blocks=num_blocks,
+        block_size=16,
+        max_num_seqs=8,
+        enable_prefix_caching=False,
+        **options,
+    )
     for i, (prompt, n) in enumerate(zip(prompts, lengths)):
-        engine.add_request(f"{i}", {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        engine.add_request(
+            f"{i}",
+            {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+        )
     reports, tokens = [], {}
     while engine.has_unfinished_requests():
         reports.append(engine.step())
@@ -130,7 +170,9 @@ def run_engine(num_blocks=8, **options):
 
 greedy_reports, greedy_tokens = run_engine()
 display(Timeline(greedy_reports))
-print(f"greedy admission: {len(greedy_reports)} steps, {sum(len(r.preempted) for r in greedy_reports)} preemptions")
+print(
+    f"greedy admission: {len(greedy_reports)} steps, {sum(len(r.preempted) for r in greedy_reports)} preemptions"
+)
 
 # %% [markdown]
 # ## The working set of a sequence
@@ -147,7 +189,9 @@ print(f"greedy admission: {len(greedy_reports)} steps, {sum(len(r.preempted) for
 # %%
 ws_reports, ws_tokens = run_engine(admission="working-set")
 display(Timeline(ws_reports))
-print(f"working-set admission: {len(ws_reports)} steps, {sum(len(r.preempted) for r in ws_reports)} preemptions")
+print(
+    f"working-set admission: {len(ws_reports)} steps, {sum(len(r.preempted) for r in ws_reports)} preemptions"
+)
 assert ws_tokens == greedy_tokens  # the order of work changed, not one token
 
 # %% [markdown]
@@ -155,14 +199,18 @@ assert ws_tokens == greedy_tokens  # the order of work changed, not one token
 # of the sweep (nothing tuned), beside the best `max_num_seqs` found by hand at each size.
 
 # %%
-lines = ["| KV slots | best hand-tuned max_num_seqs | its goodput | working-set goodput | ratio | working-set preemptions |",
-         "| --- | --- | --- | --- | --- | --- |"]
+lines = [
+    "| KV slots | best hand-tuned max_num_seqs | its goodput | working-set goodput | ratio | working-set preemptions |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
 working_set = {}
 for kv, points in greedy.items():
     best = max(points, key=lambda n: points[n]["goodput"])
     working_set[kv] = ws = serve(kv, max(concurrency), admission="working-set")
-    lines.append(f"| {kv} | {best} | {points[best]['goodput']:.1f} | {ws['goodput']:.1f} | "
-                 f"{ws['goodput'] / points[best]['goodput']:.2f} | {ws['preemptions']} |")
+    lines.append(
+        f"| {kv} | {best} | {points[best]['goodput']:.1f} | {ws['goodput']:.1f} | "
+        f"{ws['goodput'] / points[best]['goodput']:.2f} | {ws['preemptions']} |"
+    )
 display(Markdown("\n".join(lines)))
 
 # %% [markdown]

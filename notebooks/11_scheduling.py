@@ -29,16 +29,27 @@
 # - the same tokens under every order.
 
 # %%
+import dataclasses
+
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
-import dataclasses
-
-from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size, mixed_workload, priorities_of
+from minipaged.paging import BlockManager
+from minipaged.scheduler import (
+    WAITING_ORDERS,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
+from minipaged.tools.bench.scheduling import (
+    PrioritySimulator,
+    latency_by_size,
+    mixed_workload,
+    priorities_of,
+)
 from minipaged.tools.bench.simulate import PROFILES, poisson_trace
 from minipaged.tools.bench.workload import RequestSpec
-from minipaged.paging import BlockManager
-from minipaged.scheduler import WAITING_ORDERS, Request, Scheduler, SchedulerConfig, Sequence
 from minipaged.tools.viz import BarChart
 
 print(WAITING_ORDERS)
@@ -65,17 +76,25 @@ print(WAITING_ORDERS)
 # One seat, a short request running, and three waiting, of 44, 8 and 24 tokens: who is admitted
 # in which order? The scheduler runs here without a model (dummy tokens, as in the simulator).
 
+
 # %%
 def request(i: int, prompt_len: int, max_tokens: int = 4) -> Request:
     prompt = [i + 1] * prompt_len
-    return Request(str(i), None, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   [Sequence(i, list(prompt), prompt_len)])
+    return Request(
+        str(i),
+        None,
+        prompt,
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        [Sequence(i, list(prompt), prompt_len)],
+    )
 
 
 def admission_order(policy: str, sizes, priorities=(0, 0, 0)) -> list[str]:
     """Request 0 holds the only seat; then 1, 2, 3 arrive: the order they are admitted in."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_model_len=256, scheduling_policy=policy),
-                          BlockManager(64, 4, enable_prefix_caching=False))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=1, max_model_len=256, scheduling_policy=policy),
+        BlockManager(64, 4, enable_prefix_caching=False),
+    )
     scheduler.add(request(0, 4))
     order = []
     for step in range(200):
@@ -111,23 +130,57 @@ cpu = dataclasses.replace(PROFILES["cpu-smollm2"], max_num_seqs=4)
 
 def serve(policy: str, priorities=None, aging_rate: float = 4.0) -> dict:
     """The trace under one policy: latency_by_size's row (quarters by prompt + output tokens)."""
-    sim = PrioritySimulator(cpu, "paged", priorities,
-                            scheduler_options={"scheduling_policy": policy, "aging_rate": aging_rate})
+    sim = PrioritySimulator(
+        cpu,
+        "paged",
+        priorities,
+        scheduler_options={"scheduling_policy": policy, "aging_rate": aging_rate},
+    )
     r = sim.run(trace)
-    served = {"e2e": r.latencies, "waits": r.waits, "seconds": r.clock, "preemptions": r.preemptions}
-    return latency_by_size([RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)], served)
+    served = {
+        "e2e": r.latencies,
+        "waits": r.waits,
+        "seconds": r.clock,
+        "preemptions": r.preemptions,
+    }
+    return latency_by_size(
+        [RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)], served
+    )
 
 
-rows = {policy: serve(policy, priorities_of(specs) if policy == "priority" else None) for policy in WAITING_ORDERS}
+rows = {
+    policy: serve(policy, priorities_of(specs) if policy == "priority" else None)
+    for policy in WAITING_ORDERS
+}
 
-lines = ["| policy | short p50 | short p99 | long p50 | long p99 | longest wait |", "| --- | --- | --- | --- | --- | --- |"]
-lines += [f"| {p} | {r['short_p50']:.2f} s | {r['short_p99']:.2f} s | {r['long_p50']:.2f} s | {r['long_p99']:.2f} s | "
-          f"{r['max_wait']:.2f} s |" for p, r in rows.items()]
+lines = [
+    "| policy | short p50 | short p99 | long p50 | long p99 | longest wait |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
+lines += [
+    f"| {p} | {r['short_p50']:.2f} s | {r['short_p99']:.2f} s | {r['long_p50']:.2f} s | {r['long_p99']:.2f} s | "
+    f"{r['max_wait']:.2f} s |"
+    for p, r in rows.items()
+]
 display(Markdown("\n".join(lines)))
-display(BarChart("shortest quarter's p50 e2e latency (simulated, cpu-smollm2)", list(rows),
-                 {"short p50": [r["short_p50"] for r in rows.values()]}, unit=" s", digits=2))
-display(BarChart("longest wait before running (simulated, cpu-smollm2)", list(rows),
-                 {"longest wait": [r["max_wait"] for r in rows.values()]}, unit=" s", digits=1))
+display(
+    BarChart(
+        "shortest quarter's p50 e2e latency (simulated, cpu-smollm2)",
+        list(rows),
+        {"short p50": [r["short_p50"] for r in rows.values()]},
+        unit=" s",
+        digits=2,
+    )
+)
+display(
+    BarChart(
+        "longest wait before running (simulated, cpu-smollm2)",
+        list(rows),
+        {"longest wait": [r["max_wait"] for r in rows.values()]},
+        unit=" s",
+        digits=1,
+    )
+)
 
 # %% [markdown]
 # SJF lets short requests pass the long ones: their latency drops, and the tail of the long
@@ -142,12 +195,22 @@ display(BarChart("longest wait before running (simulated, cpu-smollm2)", list(ro
 # job is never the smallest. Under aging it waits only for requests that arrived fewer than
 # (50 - 1) / `aging_rate` steps after it (the bound in `Aging`'s docstring, `minipaged/policies/sjf.py`).
 
+
 # %%
 def stream(policy: str, aging_rate: float, steps: int = 400):
     """(steps the long job waited before it ran, or None if it never ran; short jobs run before it)."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_model_len=256, scheduling_policy=policy,
-                                          aging_rate=aging_rate), BlockManager(256, 4, enable_prefix_caching=False))
-    dummy = lambda batch: {seq: 0 for s in batch.scheduled for seq in s.samplers}  # (no model: a token 0 each)
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=1,
+            max_model_len=256,
+            scheduling_policy=policy,
+            aging_rate=aging_rate,
+        ),
+        BlockManager(256, 4, enable_prefix_caching=False),
+    )
+    dummy = lambda batch: {
+        seq: 0 for s in batch.scheduled for seq in s.samplers
+    }  # (no model: a token 0 each)
     scheduler.add(request(0, 2, 2))
     first = scheduler.schedule()
     scheduler.update(first, dummy(first))
@@ -156,7 +219,9 @@ def stream(policy: str, aging_rate: float, steps: int = 400):
     for i in range(2, steps + 2):
         scheduler.add(request(i, 2, 2))  # a short job: 4 tokens, every step
         batch = scheduler.schedule()
-        admitted = [s.request.request_id for s in batch.scheduled if s.kind == "prefill"]
+        admitted = [
+            s.request.request_id for s in batch.scheduled if s.kind == "prefill"
+        ]
         if "1" in admitted:
             return scheduler.steps - arrived, ran
         ran += len(admitted)
@@ -167,8 +232,10 @@ def stream(policy: str, aging_rate: float, steps: int = 400):
 for policy, rate in (("sjf", 1.0), ("aging", 1.0), ("aging", 4.0)):
     waited, ahead = stream(policy, rate)
     waited = "never ran in 400 steps" if waited is None else f"ran after {waited} steps"
-    print(f"{policy:>5} (aging_rate {rate:g}): the long job {waited}; {ahead} short jobs ran before it; "
-          f"bound on who may pass it: arrivals within {(50 - 1) / rate:g} steps after it")
+    print(
+        f"{policy:>5} (aging_rate {rate:g}): the long job {waited}; {ahead} short jobs ran before it; "
+        f"bound on who may pass it: arrivals within {(50 - 1) / rate:g} steps after it"
+    )
 
 # %% [markdown]
 # ## The same tokens
@@ -178,20 +245,32 @@ for policy, rate in (("sjf", 1.0), ("aging", 1.0), ("aging", 4.0)):
 
 # %%
 llm = LLM()
-prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": q}]) for q in
-           ("What is a page table?", "Name three colours.", "Explain copy-on-write in one sentence.")]
+prompts = [
+    llm.tokenizer.encode_chat([{"role": "user", "content": q}])
+    for q in (
+        "What is a page table?",
+        "Name three colours.",
+        "Explain copy-on-write in one sentence.",
+    )
+]
 outputs = {}
 for policy in WAITING_ORDERS:
     engine = llm.new_engine(max_num_seqs=1, scheduling_policy=policy)
     for i, ids in enumerate(prompts):
-        engine.add_request(str(i), {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=12),
-                           **({"priority": -i} if policy == "priority" else {}))
+        engine.add_request(
+            str(i),
+            {"prompt_token_ids": ids},
+            SamplingParams(temperature=0, max_tokens=12),
+            **({"priority": -i} if policy == "priority" else {}),
+        )
     done = {}
     while engine.has_unfinished_requests():
         done |= {o.request_id: o.outputs[0].text for o in engine.step().finished}
     outputs[policy] = done
 assert all(o == outputs["fcfs"] for o in outputs.values())
-display(Markdown("\n".join(f"- {outputs['fcfs'][str(i)]!r}" for i in range(len(prompts)))))
+display(
+    Markdown("\n".join(f"- {outputs['fcfs'][str(i)]!r}" for i in range(len(prompts))))
+)
 
 # %% [markdown]
 # ## Exercises

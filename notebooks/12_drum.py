@@ -31,9 +31,9 @@
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
+from minipaged.paging import BlockManager, KVCache, MemoryMoves
 from minipaged.tools.bench.drum import make_trace, replay, run_trace, sources_chart
 from minipaged.tools.bench.workload import chat_trace
-from minipaged.paging import BlockManager, KVCache, MemoryMoves
 from minipaged.tools.viz import FrameMap, LineChart
 
 # %% [markdown]
@@ -59,8 +59,16 @@ from minipaged.tools.viz import FrameMap, LineChart
 # %%
 pool = BlockManager(num_blocks=6, block_size=4)
 pool.add_tier(6)
-kv = KVCache(num_layers=1, num_blocks=6, num_kv_heads=1, head_dim=2, block_size=4, num_tier_blocks=6,
-             dtype="float32", device="cpu")
+kv = KVCache(
+    num_layers=1,
+    num_blocks=6,
+    num_kv_heads=1,
+    head_dim=2,
+    block_size=4,
+    num_tier_blocks=6,
+    dtype="float32",
+    device="cpu",
+)
 a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
 pool.allocate("a", a)
 pool.free("a")
@@ -76,7 +84,10 @@ pool.allocate("b", list(range(20, 33)))
 pool.allocate("c", [40, 41, 42, 43, 44])
 moves = pool.take_tier_moves()
 print("the step's tier moves:", moves)
-print("tier frames hold:", [pool.tier.key_of.get(f, (None, "free"))[1] for f in range(pool.num_tier_frames)])
+print(
+    "tier frames hold:",
+    [pool.tier.key_of.get(f, (None, "free"))[1] for f in range(pool.num_tier_frames)],
+)
 FrameMap(pool, per_row=6)
 
 # %% [markdown]
@@ -89,7 +100,9 @@ FrameMap(pool, per_row=6)
 pool.free("b")
 cached = pool.allocate("a again", a[:8] + [99])
 moves = pool.take_tier_moves()
-print(f"cached: {cached} of 9 tokens; from the tier: {pool.tier_hits} tokens; tier moves: {moves}")
+print(
+    f"cached: {cached} of 9 tokens; from the tier: {pool.tier_hits} tokens; tier moves: {moves}"
+)
 FrameMap(pool, per_row=6)
 
 # %% [markdown]
@@ -103,11 +116,20 @@ FrameMap(pool, per_row=6)
 # tokens last. A run of moves of one kind into distinct frames becomes one copy.
 
 # %%
-kv.data[:, :, 0] = 1.0                      # frame 0 holds block X
-kv.tier[:, :, 0] = 2.0                      # tier frame 0 holds block Y
-step = [("load", 0, 1), ("store", 0, 0)]    # Y back into frame 1, then X out over Y's tier frame
+kv.data[:, :, 0] = 1.0  # frame 0 holds block X
+kv.tier[:, :, 0] = 2.0  # tier frame 0 holds block Y
+step = [
+    ("load", 0, 1),
+    ("store", 0, 0),
+]  # Y back into frame 1, then X out over Y's tier frame
 kv.apply(MemoryMoves(tier=step), copy_blocks=None)
-print("frame 1 got", kv.data[0, 0, 1, 0, 0, 0], "(Y); tier frame 0 now holds", kv.tier[0, 0, 0, 0, 0, 0], "(X)")
+print(
+    "frame 1 got",
+    kv.data[0, 0, 1, 0, 0, 0],
+    "(Y); tier frame 0 now holds",
+    kv.tier[0, 0, 0, 0, 0, 0],
+    "(X)",
+)
 
 # %% [markdown]
 # ## Returning conversations on SmolLM2
@@ -118,24 +140,49 @@ print("frame 1 got", kv.data[0, 0, 1, 0, 0, 0], "(Y); tier frame 0 now holds", k
 # pushes its history out. The same trace runs without and with a tier.
 
 # %%
-trace = chat_trace(num_conversations=2, turns=4, num_system_prompts=1, system_len=16, question_mean=8,
-                   answer_mean=32, active=2, vocab=49152, seed=7)
+trace = chat_trace(
+    num_conversations=2,
+    turns=4,
+    num_system_prompts=1,
+    system_len=16,
+    question_mean=8,
+    answer_mean=32,
+    active=2,
+    vocab=49152,
+    seed=7,
+)
 llm = LLM(device="cpu", num_blocks=16, block_size=16)
 params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-frames = (max(len(t.prompt) for t in trace) + params.max_tokens + 15) // 16  # the longest turn, no more
+frames = (
+    max(len(t.prompt) for t in trace) + params.max_tokens + 15
+) // 16  # the longest turn, no more
 runs = {}
 for label, options in {"pool": {}, "pool + tier": {"kv_offload_frames": 64}}.items():
     engine = llm.new_engine(num_blocks=frames, block_size=16, **options)
     runs[label] = run_trace(engine, trace, params)
-returning = [i for i, t in enumerate(trace) if any(u.conversation == t.conversation for u in trace[:i])]
-lines = ["| turn | prompt tokens | cached, pool only | cached, with tier | TTFT pool only | TTFT with tier |",
-         "| --- | --- | --- | --- | --- | --- |"]
+returning = [
+    i
+    for i, t in enumerate(trace)
+    if any(u.conversation == t.conversation for u in trace[:i])
+]
+lines = [
+    "| turn | prompt tokens | cached, pool only | cached, with tier | TTFT pool only | TTFT with tier |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
 for i in returning:
-    lines.append(f"| {i} | {len(trace[i].prompt)} | {runs['pool']['cached'][i]} | {runs['pool + tier']['cached'][i]} "
-                 f"| {1e3 * runs['pool']['ttft'][i]:.0f} ms | {1e3 * runs['pool + tier']['ttft'][i]:.0f} ms |")
+    lines.append(
+        f"| {i} | {len(trace[i].prompt)} | {runs['pool']['cached'][i]} | {runs['pool + tier']['cached'][i]} "
+        f"| {1e3 * runs['pool']['ttft'][i]:.0f} ms | {1e3 * runs['pool + tier']['ttft'][i]:.0f} ms |"
+    )
 display(Markdown("\n".join(lines)))
-print("same tokens:", runs["pool"]["outputs"] == runs["pool + tier"]["outputs"],
-      "| tier stores:", runs["pool + tier"]["tier"]["stores"], "loads:", runs["pool + tier"]["tier"]["loads"])
+print(
+    "same tokens:",
+    runs["pool"]["outputs"] == runs["pool + tier"]["outputs"],
+    "| tier stores:",
+    runs["pool + tier"]["tier"]["stores"],
+    "loads:",
+    runs["pool + tier"]["tier"]["loads"],
+)
 
 # %% [markdown]
 # ## Where the prompt tokens came from
@@ -147,7 +194,9 @@ print("same tokens:", runs["pool"]["outputs"] == runs["pool + tier"]["outputs"],
 # tier gives it back.
 
 # %%
-bench_trace = make_trace()  # the benchmark's default: 4 conversations of 4 turns, SmolLM2's vocabulary
+bench_trace = (
+    make_trace()
+)  # the benchmark's default: 4 conversations of 4 turns, SmolLM2's vocabulary
 sources_chart(bench_trace, num_blocks=28, tier_frames=256)
 
 # %% [markdown]
@@ -156,11 +205,18 @@ sources_chart(bench_trace, num_blocks=28, tier_frames=256)
 
 # %%
 sizes = [0, 8, 16, 32, 64, 128, 256]
-cached_with = [sum(r["pool"] + r["tier"] for r in replay(bench_trace, 28, n)) for n in sizes]
+cached_with = [
+    sum(r["pool"] + r["tier"] for r in replay(bench_trace, 28, n)) for n in sizes
+]
 cached_large = [sum(r["pool"] for r in replay(bench_trace, 28 + n)) for n in sizes]
-LineChart("cached prompt tokens of the trace against extra frames", sizes,
-          {"tier of that size": cached_with, "pool that much larger": cached_large},
-          x_label="frames", y_label="tokens", digits=0)
+LineChart(
+    "cached prompt tokens of the trace against extra frames",
+    sizes,
+    {"tier of that size": cached_with, "pool that much larger": cached_large},
+    x_label="frames",
+    y_label="tokens",
+    digits=0,
+)
 
 # %% [markdown]
 # ## Exercises

@@ -39,12 +39,12 @@ from IPython.display import Markdown, display
 
 import minipaged
 from minipaged import SamplingParams, policies
-from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size
-from minipaged.tools.bench.simulate import PROFILES, poisson_trace, trace_specs
-from minipaged.tools.bench.workload import RequestSpec
 from minipaged.paging import BlockManager
 from minipaged.policies import defaults
 from minipaged.scheduler import Request, Scheduler, SchedulerConfig, Sequence
+from minipaged.tools.bench.scheduling import PrioritySimulator, latency_by_size
+from minipaged.tools.bench.simulate import PROFILES, poisson_trace, trace_specs
+from minipaged.tools.bench.workload import RequestSpec
 from minipaged.tools.viz import BarChart
 
 for option, table in policies.SEAMS.items():
@@ -79,7 +79,10 @@ print(inspect.getsource(defaults))
 # speculation's, `batching` the continuous or static batcher's).
 
 # %%
-CORE = [Path(minipaged.__file__).parent / name for name in ("engine.py", "scheduler.py", "runner.py")]
+CORE = [
+    Path(minipaged.__file__).parent / name
+    for name in ("engine.py", "scheduler.py", "runner.py")
+]
 asks = re.compile(r"self\.(order|admission|victim|batching|lookahead)\.\w+")
 for path in CORE:
     for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -98,6 +101,7 @@ for path in CORE:
 # the order written: a question, a summary, a chat turn. The scheduler runs without a model
 # (a dummy token for every row, as in the simulator); who does it admit, in which order?
 
+
 # %%
 class LongestFirst:
     uses_priority = False
@@ -111,8 +115,13 @@ seq_ids = itertools.count()
 
 def job(name: str, prompt_len: int, max_tokens: int) -> Request:
     prompt = [3] * prompt_len
-    return Request(name, None, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   [Sequence(next(seq_ids), list(prompt), prompt_len)])
+    return Request(
+        name,
+        None,
+        prompt,
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        [Sequence(next(seq_ids), list(prompt), prompt_len)],
+    )
 
 
 def dummy_tokens(batch) -> dict:
@@ -122,8 +131,10 @@ def dummy_tokens(batch) -> dict:
 def admitted(order, jobs: dict) -> list[str]:
     """`jobs` (name -> prompt tokens, max_tokens) wait behind one running request, one seat:
     the names in the order the scheduler admits them under the waiting order `order`."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1, max_model_len=256, scheduling_policy=order),
-                          BlockManager(64, 4, enable_prefix_caching=False))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=1, max_model_len=256, scheduling_policy=order),
+        BlockManager(64, 4, enable_prefix_caching=False),
+    )
     scheduler.add(job("running", 4, 2))
     first = scheduler.schedule()
     scheduler.update(first, dummy_tokens(first))
@@ -139,7 +150,11 @@ def admitted(order, jobs: dict) -> list[str]:
 
 jobs = {"question": (16, 8), "summary": (40, 16), "chat": (8, 4)}
 print("sizes (prompt + max_tokens):", {name: p + m for name, (p, m) in jobs.items()})
-for label, order in (("fcfs", "fcfs"), ("sjf", "sjf"), ("LongestFirst", LongestFirst())):
+for label, order in (
+    ("fcfs", "fcfs"),
+    ("sjf", "sjf"),
+    ("LongestFirst", LongestFirst()),
+):
     print(f"{label:>12}: {admitted(order, jobs)}")
 
 # %% [markdown]
@@ -164,26 +179,64 @@ trace = poisson_trace(specs, 6.0, 0)
 
 def serve(order) -> dict:
     """The trace under one waiting order: latency_by_size's row (quarters by prompt + output tokens)."""
-    r = PrioritySimulator(PROFILES["opt-13b-a100"], "paged", None,
-                          scheduler_options={"scheduling_policy": order}).run(trace)
-    served = {"e2e": r.latencies, "waits": r.waits, "seconds": r.clock, "preemptions": r.preemptions}
-    return latency_by_size([RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)], served)
+    r = PrioritySimulator(
+        PROFILES["opt-13b-a100"],
+        "paged",
+        None,
+        scheduler_options={"scheduling_policy": order},
+    ).run(trace)
+    served = {
+        "e2e": r.latencies,
+        "waits": r.waits,
+        "seconds": r.clock,
+        "preemptions": r.preemptions,
+    }
+    return latency_by_size(
+        [RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)], served
+    )
 
 
-rows = {"fcfs": serve("fcfs"), "sjf": serve("sjf"), "LongestFirst": serve(LongestFirst())}
-lines = ["| waiting order | short p50 | short p99 | long p50 | longest wait | preemptions |",
-         "| --- | --- | --- | --- | --- | --- |"]
-lines += [f"| {name} | {r['short_p50']:.2f} s | {r['short_p99']:.2f} s | {r['long_p50']:.2f} s | "
-          f"{r['max_wait']:.2f} s | {r['preemptions']} |" for name, r in rows.items()]
+rows = {
+    "fcfs": serve("fcfs"),
+    "sjf": serve("sjf"),
+    "LongestFirst": serve(LongestFirst()),
+}
+lines = [
+    "| waiting order | short p50 | short p99 | long p50 | longest wait | preemptions |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
+lines += [
+    f"| {name} | {r['short_p50']:.2f} s | {r['short_p99']:.2f} s | {r['long_p50']:.2f} s | "
+    f"{r['max_wait']:.2f} s | {r['preemptions']} |"
+    for name, r in rows.items()
+]
 display(Markdown("\n".join(lines)))
-display(BarChart("shortest quarter's p99 e2e latency (simulated, opt-13b-a100)", list(rows),
-                 {"short p99": [r["short_p99"] for r in rows.values()]}, unit=" s", digits=1))
-display(BarChart("longest wait before running (simulated, opt-13b-a100)", list(rows),
-                 {"longest wait": [r["max_wait"] for r in rows.values()]}, unit=" s", digits=1))
+display(
+    BarChart(
+        "shortest quarter's p99 e2e latency (simulated, opt-13b-a100)",
+        list(rows),
+        {"short p99": [r["short_p99"] for r in rows.values()]},
+        unit=" s",
+        digits=1,
+    )
+)
+display(
+    BarChart(
+        "longest wait before running (simulated, opt-13b-a100)",
+        list(rows),
+        {"longest wait": [r["max_wait"] for r in rows.values()]},
+        unit=" s",
+        digits=1,
+    )
+)
 fcfs, longest = rows["fcfs"], rows["LongestFirst"]
-display(Markdown(f"Longest first multiplies the short quarter's p99 by {longest['short_p99'] / fcfs['short_p99']:.1f} "
-                 f"and the longest wait by {longest['max_wait'] / fcfs['max_wait']:.1f} against first come, "
-                 "first served."))
+display(
+    Markdown(
+        f"Longest first multiplies the short quarter's p99 by {longest['short_p99'] / fcfs['short_p99']:.1f} "
+        f"and the longest wait by {longest['max_wait'] / fcfs['max_wait']:.1f} against first come, "
+        "first served."
+    )
+)
 
 # %% [markdown]
 # The long jobs go first, so a short one that arrives behind them waits for all of them: its
@@ -203,7 +256,10 @@ counts = {f"minipaged/{p.name}": len(p.read_text().splitlines()) for p in CORE}
 table = ["| file | lines |", "| --- | --- |"]
 table += [f"| `{name}` | {n} |" for name, n in counts.items()]
 table += [f"| the core, together | {sum(counts.values())} |"]
-table += [f"| `minipaged/policies/{p.name}` | {len(p.read_text().splitlines())} |" for p in policy_files]
+table += [
+    f"| `minipaged/policies/{p.name}` | {len(p.read_text().splitlines())} |"
+    for p in policy_files
+]
 display(Markdown("\n".join(table)))
 
 # %% [markdown]

@@ -36,10 +36,10 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from minipaged import SamplingParams
-from minipaged.tools.bench.serve import room_chart
 from minipaged.paging import BlockManager
 from minipaged.policies import fair
 from minipaged.scheduler import Request, Scheduler, SchedulerConfig, Sequence
+from minipaged.tools.bench.serve import room_chart
 from minipaged.tools.viz import BarChart, LineChart
 
 print(inspect.getsource(fair.Fair))
@@ -63,15 +63,23 @@ seq_ids = itertools.count()
 
 def job(name: str, client: str, prompt_len: int, max_tokens: int) -> Request:
     prompt = [3] * prompt_len
-    return Request(name, None, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   [Sequence(next(seq_ids), list(prompt), prompt_len)], client=client)
+    return Request(
+        name,
+        None,
+        prompt,
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        [Sequence(next(seq_ids), list(prompt), prompt_len)],
+        client=client,
+    )
 
 
 def room(order, steps: int = 200) -> tuple[dict, dict, dict]:
     """Each short request's wait (steps from arrival to its prefill), each client's tokens, and
     each client's counter after every step (when the order keeps counters)."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=3, max_model_len=256, scheduling_policy=order),
-                          BlockManager(256, 4, enable_prefix_caching=False))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=3, max_model_len=256, scheduling_policy=order),
+        BlockManager(256, 4, enable_prefix_caching=False),
+    )
     for i in range(12):
         scheduler.add(job(f"flood{i}", "flood", 24, 20))
     arrived, waits, tokens, service = {}, {}, {}, {}
@@ -84,8 +92,12 @@ def room(order, steps: int = 200) -> tuple[dict, dict, dict]:
         batch = scheduler.schedule()
         for s in batch.scheduled:
             if s.kind == "prefill" and s.request.request_id in arrived:
-                waits.setdefault(s.request.request_id, step - arrived[s.request.request_id])
-            tokens[s.request.client] = tokens.get(s.request.client, 0) + s.num_new_tokens
+                waits.setdefault(
+                    s.request.request_id, step - arrived[s.request.request_id]
+                )
+            tokens[s.request.client] = (
+                tokens.get(s.request.client, 0) + s.num_new_tokens
+            )
         scheduler.update(batch, {seq: 0 for s in batch.scheduled for seq in s.samplers})
         counters = getattr(scheduler.order, "counters", {})
         for client in ("flood", "alice", "bob"):
@@ -96,12 +108,27 @@ def room(order, steps: int = 200) -> tuple[dict, dict, dict]:
 fcfs_waits, fcfs_tokens, _ = room("fcfs")
 fair_waits, fair_tokens, service = room("fair")
 names = list(fcfs_waits)
-lines = ["| short request | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
-lines += [f"| {label} | " + " | ".join(str(w[n]) for n in names) + " |"
-          for label, w in (("fcfs", fcfs_waits), ("fair", fair_waits))]
-display(Markdown("Steps each short request waited before its prompt ran:\n\n" + "\n".join(lines)))
-display(BarChart("the longest wait of a short request (steps)", ["fcfs", "fair"],
-                 {"steps": [max(fcfs_waits.values()), max(fair_waits.values())]}, digits=0))
+lines = [
+    "| short request | " + " | ".join(names) + " |",
+    "| --- |" + " --- |" * len(names),
+]
+lines += [
+    f"| {label} | " + " | ".join(str(w[n]) for n in names) + " |"
+    for label, w in (("fcfs", fcfs_waits), ("fair", fair_waits))
+]
+display(
+    Markdown(
+        "Steps each short request waited before its prompt ran:\n\n" + "\n".join(lines)
+    )
+)
+display(
+    BarChart(
+        "the longest wait of a short request (steps)",
+        ["fcfs", "fair"],
+        {"steps": [max(fcfs_waits.values()), max(fair_waits.values())]},
+        digits=0,
+    )
+)
 print("tokens computed per client, fcfs:", fcfs_tokens)
 print("tokens computed per client, fair:", fair_tokens)
 
@@ -115,8 +142,16 @@ print("tokens computed per client, fair:", fair_tokens)
 # ## The counters, step by step
 
 # %%
-display(LineChart("each client's counter (tokens served, prompt 1, output 2)", list(range(len(service["flood"]))),
-                  service, x_label="step", y_label="weighted tokens", digits=0))
+display(
+    LineChart(
+        "each client's counter (tokens served, prompt 1, output 2)",
+        list(range(len(service["flood"]))),
+        service,
+        x_label="step",
+        y_label="weighted tokens",
+        digits=0,
+    )
+)
 
 # %% [markdown]
 # The flood's counter climbs with its three rows; alice's and bob's jump to the flood's when they
@@ -126,6 +161,7 @@ display(LineChart("each client's counter (tokens served, prompt 1, output 2)", l
 # fair over the whole day, unfair now. Here is the same room with a client, carol, who was served
 # once at the start, then came back at step 60, with and without the lift.
 
+
 # %%
 class NoLift(fair.Fair):
     def lift(self, client: str) -> None:
@@ -134,8 +170,10 @@ class NoLift(fair.Fair):
 
 def carol_returns(order) -> list[str]:
     """Who got the rows the step after carol came back with 6 requests: the first 12 admissions."""
-    scheduler = Scheduler(SchedulerConfig(max_num_seqs=3, max_model_len=256, scheduling_policy=order),
-                          BlockManager(256, 4, enable_prefix_caching=False))
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_seqs=3, max_model_len=256, scheduling_policy=order),
+        BlockManager(256, 4, enable_prefix_caching=False),
+    )
     scheduler.add(job("carol-early", "carol", 8, 2))
     for i in range(60):  # enough to keep the three rows busy past step 60
         scheduler.add(job(f"flood{i}", "flood", 24, 8))
@@ -145,7 +183,11 @@ def carol_returns(order) -> list[str]:
             for i in range(6):
                 scheduler.add(job(f"carol{i}", "carol", 24, 8))
         batch = scheduler.schedule()
-        admitted += [s.request.client for s in batch.scheduled if s.kind == "prefill" and step >= 60]
+        admitted += [
+            s.request.client
+            for s in batch.scheduled
+            if s.kind == "prefill" and step >= 60
+        ]
         scheduler.update(batch, {seq: 0 for s in batch.scheduled for seq in s.samplers})
     return admitted[:12]
 
@@ -165,15 +207,29 @@ print("without the lift:", carol_returns(NoLift()))
 # a 2-core CPU.
 
 # %%
-result = json.loads(Path("../bench/results/2026-12-03-cpu-2core-numpy-fair/room-1.json").read_text())
-runs = {"alone": "alone (no flood)", "flood": "fcfs, bound 4", "flood_no_bound": "fcfs, no bound",
-        "flood_fair": "fair queuing"}
-lines = ["| server | participants' median | x alone | flood 429s | flooder tok/s | of its tok/s on an idle server |",
-         "| --- | --- | --- | --- | --- | --- |"]
+result = json.loads(
+    Path("../bench/results/2026-12-03-cpu-2core-numpy-fair/room-1.json").read_text()
+)
+runs = {
+    "alone": "alone (no flood)",
+    "flood": "fcfs, bound 4",
+    "flood_no_bound": "fcfs, no bound",
+    "flood_fair": "fair queuing",
+}
+lines = [
+    "| server | participants' median | x alone | flood 429s | flooder tok/s | of its tok/s on an idle server |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
 for name, label in runs.items():
     r, flood = result[name], result[name].get("flood")
-    extra = (f"{result[f'{name}_vs_alone_e2e_p50']:.2f}x | {flood['refused_429']} | {flood['tokens_per_s']:.1f} | "
-             f"{result[f'{name}_flooder_share_of_idle']:.0%}") if flood else " | | |"
+    extra = (
+        (
+            f"{result[f'{name}_vs_alone_e2e_p50']:.2f}x | {flood['refused_429']} | {flood['tokens_per_s']:.1f} | "
+            f"{result[f'{name}_flooder_share_of_idle']:.0%}"
+        )
+        if flood
+        else " | | |"
+    )
     lines.append(f"| {label} | {r['short_e2e_p50']:.2f} s | {extra} |")
 display(Markdown("\n".join(lines)))
 display(room_chart(result))

@@ -34,7 +34,12 @@ from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
 from minipaged.attention import emulated, reference
-from minipaged.tools.bench.kv_dtype import PROMPTS, first_divergence, frames_per_gib, greedy_tokens
+from minipaged.tools.bench.kv_dtype import (
+    PROMPTS,
+    first_divergence,
+    frames_per_gib,
+    greedy_tokens,
+)
 
 # %% [markdown]
 # ## One row, coded
@@ -46,14 +51,20 @@ from minipaged.tools.bench.kv_dtype import PROMPTS, first_divergence, frames_per
 
 # %%
 rng = np.random.default_rng(0)
-row = rng.standard_normal((1, 1, 8)).astype(np.float32) * 3   # (tokens, kv_heads, head_dim), 8 dims to show
+row = (
+    rng.standard_normal((1, 1, 8)).astype(np.float32) * 3
+)  # (tokens, kv_heads, head_dim), 8 dims to show
 for name, dtype in (("int8", np.int8), ("fp8", np.uint8)):
-    cache = np.zeros((1, 1, 1, 8), dtype)                     # one frame of one slot
+    cache = np.zeros((1, 1, 1, 8), dtype)  # one frame of one slot
     scales = np.zeros((1, 1, 1), np.float16)
     reference.write_coded(row, cache, scales, np.array([0]))
     back = reference.decode_codes(cache, scales)[0, 0]
-    print(f"{name:5} scale {float(scales[0, 0, 0]):.4f}  codes {cache[0, 0, 0].tolist()}")
-    print(f"      largest error {np.abs(back - row[0]).max():.4f} of values up to {np.abs(row).max():.2f}")
+    print(
+        f"{name:5} scale {float(scales[0, 0, 0]):.4f}  codes {cache[0, 0, 0].tolist()}"
+    )
+    print(
+        f"      largest error {np.abs(back - row[0]).max():.4f} of values up to {np.abs(row).max():.2f}"
+    )
 print("value", [round(float(x), 3) for x in row[0, 0]])
 
 # %% [markdown]
@@ -63,17 +74,26 @@ print("value", [round(float(x), 3) for x in row[0, 0]])
 # takes one byte instead of four (float32) or two (float16), plus a float16 scale per row.
 
 # %%
-llm = LLM()                                                   # SmolLM2-135M-Instruct, float32 on a CPU
+llm = LLM()  # SmolLM2-135M-Instruct, float32 on a CPU
 rows = frames_per_gib(llm.model.config)
-lines = ["| storage | frames per GiB | vs float32 | vs float16 |", "| --- | --- | --- | --- |"]
-lines += [f"| {r['kv_cache_dtype']} | {r['frames_per_gib']:,} | {r['vs_float32']:.2f}× | {r['vs_float16']:.2f}× |"
-          for r in rows]
+lines = [
+    "| storage | frames per GiB | vs float32 | vs float16 |",
+    "| --- | --- | --- | --- |",
+]
+lines += [
+    f"| {r['kv_cache_dtype']} | {r['frames_per_gib']:,} | {r['vs_float32']:.2f}× | {r['vs_float16']:.2f}× |"
+    for r in rows
+]
 display(Markdown("\n".join(lines)))
 engines = {dtype: llm.new_engine(kv_cache_dtype=dtype) for dtype in ("auto", "int8")}
-display(Markdown(f"The engine sizes its pool by bytes (512 MiB on a CPU): "
-                 f"**{engines['auto'].blocks.num_frames:,}** frames in float32, "
-                 f"**{engines['int8'].blocks.num_frames:,}** in int8, the longest context "
-                 f"{engines['auto'].max_model_len:,} tokens either way (the model's limit)."))
+display(
+    Markdown(
+        f"The engine sizes its pool by bytes (512 MiB on a CPU): "
+        f"**{engines['auto'].blocks.num_frames:,}** frames in float32, "
+        f"**{engines['int8'].blocks.num_frames:,}** in int8, the longest context "
+        f"{engines['auto'].max_model_len:,} tokens either way (the model's limit)."
+    )
+)
 
 # %% [markdown]
 # ## The same answers?
@@ -83,13 +103,21 @@ display(Markdown(f"The engine sizes its pool by bytes (512 MiB on a CPU): "
 # the first token that differs.
 
 # %%
-prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[5:8]]
-answers = {dtype: greedy_tokens(llm.new_engine(num_blocks=64, kv_cache_dtype=dtype), prompts, 24)
-           for dtype in ("auto", "int8", "fp8")}
+prompts = [
+    llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[5:8]
+]
+answers = {
+    dtype: greedy_tokens(
+        llm.new_engine(num_blocks=64, kv_cache_dtype=dtype), prompts, 24
+    )
+    for dtype in ("auto", "int8", "fp8")
+}
 for i, prompt in enumerate(PROMPTS[5:8]):
     print(prompt)
     for dtype in ("int8", "fp8"):
-        print(f"   {dtype}: first divergence {first_divergence(answers['auto'][i], answers[dtype][i])}")
+        print(
+            f"   {dtype}: first divergence {first_divergence(answers['auto'][i], answers[dtype][i])}"
+        )
 print("\nfull precision, last prompt:", llm.tokenizer.decode(answers["auto"][2]))
 print("int8, last prompt:          ", llm.tokenizer.decode(answers["int8"][2]))
 
@@ -102,7 +130,11 @@ print("int8, last prompt:          ", llm.tokenizer.decode(answers["int8"][2]))
 firsts = {}
 for dtype in ("auto", "int8"):
     engine = llm.new_engine(num_blocks=64, kv_cache_dtype=dtype)
-    engine.add_request("tie", {"prompt_token_ids": prompts[2]}, SamplingParams(temperature=0, max_tokens=1, logprobs=2))
+    engine.add_request(
+        "tie",
+        {"prompt_token_ids": prompts[2]},
+        SamplingParams(temperature=0, max_tokens=1, logprobs=2),
+    )
     while engine.has_unfinished_requests():
         for out in engine.step().finished:
             firsts[dtype] = out.outputs[0].logprobs[0]
@@ -122,18 +154,41 @@ for dtype, choices in firsts.items():
 # %%
 batch_rng = np.random.default_rng(1)
 num_blocks, block_size, kv_heads, head_dim = 8, 16, 3, 64
-caches = [np.zeros((num_blocks, block_size, kv_heads, head_dim), np.int8) for _ in range(2)]
+caches = [
+    np.zeros((num_blocks, block_size, kv_heads, head_dim), np.int8) for _ in range(2)
+]
 scales = [np.zeros((num_blocks, block_size, kv_heads), np.float16) for _ in range(2)]
-block_tables = np.array([[5, 2, 7], [0, 3, -1]], np.int32)   # two sequences' page tables
+block_tables = np.array([[5, 2, 7], [0, 3, -1]], np.int32)  # two sequences' page tables
 context_lens = np.array([40, 20], np.int32)
 for table, n in zip(block_tables, context_lens):
     slots = table[np.arange(n) // block_size] * block_size + np.arange(n) % block_size
     k, v = batch_rng.standard_normal((2, n, kv_heads, head_dim)).astype(np.float32)
     reference.write_kv(k, v, *caches, slots, *scales)
-q = batch_rng.standard_normal((2, 9, head_dim)).astype(np.float32)   # 9 query heads, 3 per KV head
-kernel = emulated.decode(q, *caches, block_tables, context_lens, 0.125, k_scales=scales[0], v_scales=scales[1])
-numpy = reference.decode(q, *caches, block_tables, context_lens, 0.125, k_scales=scales[0], v_scales=scales[1])
-print("largest difference, kernel v7 vs the NumPy reference:", float(np.abs(kernel - numpy).max()))
+q = batch_rng.standard_normal((2, 9, head_dim)).astype(
+    np.float32
+)  # 9 query heads, 3 per KV head
+kernel = emulated.decode(
+    q,
+    *caches,
+    block_tables,
+    context_lens,
+    0.125,
+    k_scales=scales[0],
+    v_scales=scales[1],
+)
+numpy = reference.decode(
+    q,
+    *caches,
+    block_tables,
+    context_lens,
+    0.125,
+    k_scales=scales[0],
+    v_scales=scales[1],
+)
+print(
+    "largest difference, kernel v7 vs the NumPy reference:",
+    float(np.abs(kernel - numpy).max()),
+)
 
 # %% [markdown]
 # ## Exercises

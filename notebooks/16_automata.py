@@ -30,7 +30,7 @@ import numpy as np
 
 from minipaged import LLM, SamplingParams
 from minipaged.sampling import StructuredOutputsParams
-from minipaged.structured import DEAD, compile_regex, regex_of
+from minipaged.structured import compile_regex, regex_of
 
 # %% [markdown]
 # ## A pattern is a machine
@@ -43,31 +43,56 @@ state = date.start
 for ch in "1969-07-20":
     state = date.step(state, ch)
     print(f"{ch!r} -> state {state} (NFA states {sorted(date.sets[state])[:6]}...)")
-print("a whole match:", date.accepting(state), "| '1969-13' dies at:", date.walk(date.start, "1969-13"))
+print(
+    "a whole match:",
+    date.accepting(state),
+    "| '1969-13' dies at:",
+    date.walk(date.start, "1969-13"),
+)
 
 # %% [markdown]
 # ## A state's mask: the tokens that keep the text alive
 
 # %%
-llm = LLM()                                                   # SmolLM2-135M-Instruct, float32 on a CPU
+llm = LLM()  # SmolLM2-135M-Instruct, float32 on a CPU
 automata = llm.engine.constrainer()
-constraint = automata.compile(StructuredOutputsParams(regex=r"\d{4}-(0[1-9]|1[0-2])-\d{2}"))
+constraint = automata.compile(
+    StructuredOutputsParams(regex=r"\d{4}-(0[1-9]|1[0-2])-\d{2}")
+)
 for token in llm.tokenizer.encode("1969-0", add_special_tokens=False):
     allowed = constraint.allowed()
-    print(f"{int(allowed.sum()):6} tokens allowed, e.g. {[automata.texts[t] for t in np.flatnonzero(allowed)[:5]]}")
+    print(
+        f"{int(allowed.sum()):6} tokens allowed, e.g. {[automata.texts[t] for t in np.flatnonzero(allowed)[:5]]}"
+    )
     constraint.advance(token)
 
 # %% [markdown]
 # ## The model, held to a schema
 
 # %%
-schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "age": {"type": "integer"}}, "required": ["name", "age"]}
-prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Describe a cat as JSON with a name and an age."}])
-free, held = llm.generate([{"prompt_token_ids": prompt}] * 2, [
-    SamplingParams(temperature=0, max_tokens=48),
-    SamplingParams(temperature=0, max_tokens=48, structured_outputs=StructuredOutputsParams(json=schema))],
-    use_tqdm=False)
+schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer"},
+    },
+    "required": ["name", "age"],
+}
+prompt = llm.tokenizer.encode_chat(
+    [{"role": "user", "content": "Describe a cat as JSON with a name and an age."}]
+)
+free, held = llm.generate(
+    [{"prompt_token_ids": prompt}] * 2,
+    [
+        SamplingParams(temperature=0, max_tokens=48),
+        SamplingParams(
+            temperature=0,
+            max_tokens=48,
+            structured_outputs=StructuredOutputsParams(json=schema),
+        ),
+    ],
+    use_tqdm=False,
+)
 print("without:", free.outputs[0].text[:120])
 print("with:   ", held.outputs[0].text, "->", json.loads(held.outputs[0].text))
 print("its pattern starts:", regex_of(StructuredOutputsParams(json=schema))[:70])

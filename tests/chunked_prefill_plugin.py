@@ -1,7 +1,8 @@
-"""A pytest plugin: every engine a test builds without its own max_num_batched_tokens runs
-with chunked prefill and a budget of CHUNK tokens per step (continuous scheduler only), so
-suites written before chunked prefill check it too. tests/test_chunked_prefill.py runs the
-equivalence suites under it: `pytest -p chunked_prefill_plugin tests/test_scheduler.py`.
+"""A pytest plugin: every engine a test builds without its own max_num_batched_tokens
+runs with chunked prefill and a budget of CHUNK tokens per step (continuous scheduler
+only), so suites written before chunked prefill check it too.
+tests/test_chunked_prefill.py runs the equivalence suites under it: `pytest -p
+chunked_prefill_plugin tests/test_scheduler.py`.
 At the end it writes how many prompt chunks ran to $MINIPAGED_CHUNKS_FILE (if set)."""
 
 import os
@@ -23,7 +24,9 @@ def chunked_post_init(self):
 def counted_schedule_prefill(self, request, batch):
     before = len(batch.scheduled)
     _schedule_prefill(self, request, batch)
-    chunks[0] += sum(not s.samplers for s in batch.scheduled[before:])  # a chunk that is not the last
+    chunks[0] += sum(
+        not s.samplers for s in batch.scheduled[before:]
+    )  # a chunk that is not the last
 
 
 EngineConfig.__post_init__ = chunked_post_init

@@ -1,5 +1,7 @@
-"""Device choice: NumPy without a GPU, a clear error when CUDA is asked for and missing; and how a
-projection runs on this CPU (minipaged.model.cpu): BLAS threads fitted to the load, weight panels."""
+"""Device choice: NumPy without a GPU, a clear error when CUDA is asked for and missing;
+and how a projection runs on this CPU (minipaged.model.cpu): BLAS threads fitted to the
+load, weight panels.
+"""
 
 import os
 import re
@@ -22,14 +24,18 @@ def test_cpu_is_numpy(monkeypatch):
 
 
 def test_unknown_device():
-    with pytest.raises(ValueError, match="unknown device 'tpu'; choose one of cpu, cuda"):
+    with pytest.raises(
+        ValueError, match="unknown device 'tpu'; choose one of cpu, cuda"
+    ):
         backend.resolve_device("tpu")
 
 
 @pytest.mark.skipif(backend.cuda_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MINIPAGED_DEVICE", "cuda")
-    with pytest.raises(RuntimeError, match="no CUDA device is usable.*MINIPAGED_DEVICE=cpu"):
+    with pytest.raises(
+        RuntimeError, match="no CUDA device is usable.*MINIPAGED_DEVICE=cpu"
+    ):
         backend.resolve_device()
     monkeypatch.delenv("MINIPAGED_DEVICE")
     assert backend.resolve_device() == "cpu"  # the default falls back quietly
@@ -40,31 +46,52 @@ def test_array_module_and_to_numpy():
     assert backend.array_module(a) is np and backend.to_numpy(a) is a
 
 
-# ---- no device question at import --------------------------------------------------------------
+# ---- no device question at import
+# --------------------------------------------------------------
+
 
 @pytest.mark.skipif(backend.cuda_available(), reason="this machine has a GPU")
 def test_asking_for_cuda_fails_at_llm_not_at_import():
-    """MINIPAGED_DEVICE=cuda without a GPU: `import minipaged` works; LLM() says what to do."""
-    code = ("import minipaged\n"
-            "try:\n"
-            "    minipaged.LLM(device='cuda')\n"
-            "except RuntimeError as error:\n"
-            "    print('RuntimeError:', error)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env=os.environ | {"MINIPAGED_DEVICE": "cuda"})
+    """MINIPAGED_DEVICE=cuda without a GPU: `import minipaged` works; LLM() says what to
+    do."""
+    code = (
+        "import minipaged\n"
+        "try:\n"
+        "    minipaged.LLM(device='cuda')\n"
+        "except RuntimeError as error:\n"
+        "    print('RuntimeError:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"MINIPAGED_DEVICE": "cuda"},
+    )
     assert result.returncode == 0, result.stderr
-    assert re.fullmatch(r"RuntimeError: device 'cuda' was asked for, but no CUDA device is usable: "
-                        r".*MINIPAGED_DEVICE=cpu\n", result.stdout)
+    assert re.fullmatch(
+        r"RuntimeError: device 'cuda' was asked for, but no CUDA device is usable: "
+        r".*MINIPAGED_DEVICE=cpu\n",
+        result.stdout,
+    )
 
 
-# ---- BLAS threads on a shared CPU ----------------------------------------------------------------
+# ---- BLAS threads on a shared CPU
+# ----------------------------------------------------------------
+
 
 @pytest.fixture
 def blas_threads():
     """BLAS's thread counts, restored after the test."""
     from threadpoolctl import threadpool_info, threadpool_limits
+
     def now():
-        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+        return {
+            pool["num_threads"]
+            for pool in threadpool_info()
+            if pool["user_api"] == "blas"
+        }
+
     before = now()
     yield now
     threadpool_limits(limits=max(before), user_api="blas")
@@ -82,14 +109,16 @@ def test_blas_gets_the_cores_nobody_else_is_using(monkeypatch, blas_threads):
 def test_busy_cores_sees_a_competing_process():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        time.sleep(0.3)   # running, not starting up
+        time.sleep(0.3)  # running, not starting up
         assert cpu.busy_cores(samples=5) >= 1
     finally:
         spinner.kill()
         spinner.wait()
 
 
-# ---- how a projection is computed on a CPU -------------------------------------------------------
+# ---- how a projection is computed on a CPU
+# -------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(576, 960), (8, 64), (5, 3), (16, 130)])
 @pytest.mark.parametrize("rows", [1, 2, 7, 63, 64, 100])
@@ -98,19 +127,28 @@ def test_panel_weight_multiplies_as_the_plain_matrix(shape, rows):
     w = rng.standard_normal(shape, dtype=np.float32)
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32)
     out = x @ cpu.PanelWeight(w)
-    np.testing.assert_allclose(x @ cpu.PanelWeight(np.ascontiguousarray(w.T).T), out)  # a transposed view
-    assert type(out) is np.ndarray and out.shape == (rows, shape[1]) and out.dtype == np.float32
+    np.testing.assert_allclose(
+        x @ cpu.PanelWeight(np.ascontiguousarray(w.T).T), out
+    )  # a transposed view
+    assert (
+        type(out) is np.ndarray
+        and out.shape == (rows, shape[1])
+        and out.dtype == np.float32
+    )
     np.testing.assert_allclose(out, x @ w, rtol=1e-5, atol=1e-4)
     np.testing.assert_array_equal(cpu.PanelWeight(w).dense(), w)
 
 
 def test_panel_weight_says_what_does_not_match():
-    with pytest.raises(ValueError, match=r"x @ w: x \(2, 4\) does not match a weight of shape \(3, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"x @ w: x \(2, 4\) does not match a weight of shape \(3, 5\)"
+    ):
         np.ones((2, 4), np.float32) @ cpu.PanelWeight(np.ones((3, 5), np.float32))
 
 
 def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
-    """Unset, the machine's own timing decides; MINIPAGED_CPU_PANELS=0/1 decides without asking."""
+    """Unset, the machine's own timing decides; MINIPAGED_CPU_PANELS=0/1 decides without
+    asking."""
     w = np.ones((4, 6), np.float32)
     monkeypatch.delenv("MINIPAGED_CPU_PANELS", raising=False)
     for pays, kind in [(True, cpu.PanelWeight), (False, np.ndarray)]:
@@ -120,18 +158,27 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
     assert isinstance(cpu.projection_weight(w, np, np.float32), cpu.PanelWeight)
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
     monkeypatch.setattr(cpu, "panels_pay", lambda: True)
-    plain = cpu.projection_weight(w.T.astype(np.float64).T, np, np.float32)  # (in, out) view of (out, in)
-    assert type(plain) is np.ndarray and plain.dtype == np.float32 and plain.flags.c_contiguous
+    plain = cpu.projection_weight(
+        w.T.astype(np.float64).T, np, np.float32
+    )  # (in, out) view of (out, in)
+    assert (
+        type(plain) is np.ndarray
+        and plain.dtype == np.float32
+        and plain.flags.c_contiguous
+    )
     np.testing.assert_array_equal(plain, w)
 
 
 def test_the_panels_are_split_over_the_free_cores(monkeypatch):
-    """Each core gets its own contiguous share of the panels, and together they cover all; a
+    """Each core gets its own contiguous share of the panels, and together they cover
+    all; a
     product split over the cores free now or over one gives the same numbers."""
     seen = []
     cpu._split(lambda lo, hi: seen.append((lo, hi)), 10, 3)
     assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
-    w = cpu.PanelWeight(np.random.default_rng(0).standard_normal((40, 100)).astype(np.float32))
+    w = cpu.PanelWeight(
+        np.random.default_rng(0).standard_normal((40, 100)).astype(np.float32)
+    )
     x = np.random.default_rng(1).standard_normal((5, 40)).astype(np.float32)
     monkeypatch.setattr(cpu._cores, "now", 2)
     np.testing.assert_array_equal(x @ w, w.by_panels(x, cores=1))
@@ -139,13 +186,20 @@ def test_the_panels_are_split_over_the_free_cores(monkeypatch):
 
 
 def test_one_rule_says_how_each_row_count_is_multiplied():
-    """One row: the matrix-vector code; 2 to 63: panels; from 64 on: the GEMM (model/cpu.py)."""
-    assert [cpu.projection_path(n) for n in (1, 2, 63, 64, 500)] == \
-        ["matrix-vector", "panels", "panels", "gemm", "gemm"]
+    """One row: the matrix-vector code; 2 to 63: panels; from 64 on: the GEMM
+    (model/cpu.py)."""
+    assert [cpu.projection_path(n) for n in (1, 2, 63, 64, 500)] == [
+        "matrix-vector",
+        "panels",
+        "panels",
+        "gemm",
+        "gemm",
+    ]
 
 
 def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
-    """One cheap look every `period` seconds; the median of the last five decides; BLAS follows."""
+    """One cheap look every `period` seconds; the median of the last five decides; BLAS
+    follows."""
     cores = cpu._Cores(period=0.0)
     monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
     monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
@@ -155,24 +209,40 @@ def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
     for _ in range(9):
         cores.follow()
         seen.append(cores.now)
-    assert seen == [2, 2, 2, 2, 2, 1, 1, 1, 1]   # a neighbour for three looks out of five: one core
+    assert seen == [
+        2,
+        2,
+        2,
+        2,
+        2,
+        1,
+        1,
+        1,
+        1,
+    ]  # a neighbour for three looks out of five: one core
     assert blas_threads() == {1}
     monkeypatch.setattr(cpu, "busy_cores", lambda samples: 0)
     slow = cpu._Cores(period=3600)
     slow.follow()
     slow.now = 7
-    slow.follow()   # within the period: no look, no change
+    slow.follow()  # within the period: no look, no change
     assert slow.now == 7
 
 
 def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
-    """The load is followed between steps (Model.follow_machine_load), not inside forward: forwards
-    alone never look at the machine; a step each looks at /proc once in a short span, not each time."""
+    """The load is followed between steps (Model.follow_machine_load), not inside
+    forward: forwards alone never look at the machine; a step each looks at /proc once
+    in a short span, not each time.
+    """
     follows, looks = [], []
     follow = cpu.follow_machine_load
-    monkeypatch.setattr(cpu, "follow_machine_load", lambda: follows.append(1) or follow())
+    monkeypatch.setattr(
+        cpu, "follow_machine_load", lambda: follows.append(1) or follow()
+    )
     monkeypatch.setattr(cpu, "busy_cores", lambda samples: looks.append(samples) or 0)
-    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=60))   # never looked yet: its first call looks
+    monkeypatch.setattr(
+        cpu, "_cores", cpu._Cores(period=60)
+    )  # never looked yet: its first call looks
     monkeypatch.setattr(cpu, "_set_blas_threads", lambda threads: None)
     model = Model.from_folder(write_checkpoint(tmp_path))
     cache = ContiguousKVCache(model.config, 1, 16, np, model.dtype)
@@ -189,13 +259,21 @@ def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
     assert len(follows) == 4 and looks == [1]
 
 
-def test_each_engine_step_that_runs_the_model_follows_the_load_once(tmp_path, monkeypatch):
-    """The engine asks the model to follow the machine's load before each forward, once a step."""
+def test_each_engine_step_that_runs_the_model_follows_the_load_once(
+    tmp_path, monkeypatch
+):
+    """The engine asks the model to follow the machine's load before each forward, once
+    a step."""
     from minipaged import LLM, SamplingParams
+
     follows = []
     monkeypatch.setattr(cpu, "follow_machine_load", lambda: follows.append(1))
     engine = LLM(str(write_checkpoint(tmp_path)), device="cpu", num_blocks=16).engine
-    engine.add_request("r", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.add_request(
+        "r",
+        {"prompt_token_ids": [1, 2, 3]},
+        SamplingParams(max_tokens=5, ignore_eos=True),
+    )
     steps = 0
     while engine.has_unfinished_requests() and steps < 20:
         engine.step()

@@ -1,59 +1,95 @@
-"""Issue 32, part 1, fair queuing: the waiting order of the least served client (the Virtual
-Token Counter), the scheduler's `served` hook that feeds it, the victim it brings, the client
-named by the engine and by the server, fcfs's tokens when there is one client, and each client's
+"""Issue 32, part 1, fair queuing: the waiting order of the least served client (the
+Virtual Token Counter), the scheduler's `served` hook that feeds it, the victim it
+brings, the client named by the engine and by the server, fcfs's tokens when there is
+one client, and each client's
 service on the dashboard and /metrics."""
 
 import time
 
 import httpx
 import pytest
-
 from checkpoints import write_checkpoint
+
 from minipaged import LLM, SamplingParams, policies
 from minipaged.policies.fair import Fair, MostServed
+from minipaged.sequence import Request, Sequence, Status
 from minipaged.tools.serve import cli as serve_cli
 from minipaged.tools.serve.api import Server, ServerConfig
 from minipaged.tools.serve.cli import ServerThread
 from minipaged.tools.serve.clients import client_name
-from minipaged.sequence import Request, Sequence, Status
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    return LLM(str(write_checkpoint(tmp_path_factory.mktemp("fair") / "tiny")), device="cpu", num_blocks=64,
-               block_size=4)
+    return LLM(
+        str(write_checkpoint(tmp_path_factory.mktemp("fair") / "tiny")),
+        device="cpu",
+        num_blocks=64,
+        block_size=4,
+    )
 
 
 def request(name: str, client: str) -> Request:
-    return Request(name, None, [5, 6, 7], SamplingParams(max_tokens=4), [Sequence(0, [5, 6, 7], 3)], client=client)
+    return Request(
+        name,
+        None,
+        [5, 6, 7],
+        SamplingParams(max_tokens=4),
+        [Sequence(0, [5, 6, 7], 3)],
+        client=client,
+    )
 
 
 def finishing_order(engine, late: dict[int, tuple[str, str]]) -> list[str]:
-    """Four flood requests at step 0, then `late` (step -> (id, client)); who finished when."""
+    """Four flood requests at step 0, then `late` (step -> (id, client)); who finished
+    when."""
     for i in range(4):
-        engine.add_request(f"flood{i}", {"prompt_token_ids": [5, 6, 7]},
-                           SamplingParams(max_tokens=6, ignore_eos=True), client="flood")
+        engine.add_request(
+            f"flood{i}",
+            {"prompt_token_ids": [5, 6, 7]},
+            SamplingParams(max_tokens=6, ignore_eos=True),
+            client="flood",
+        )
     order = []
     for step in range(300):
         if step in late:
             name, client = late[step]
-            engine.add_request(name, {"prompt_token_ids": [8, 9]}, SamplingParams(max_tokens=2, ignore_eos=True),
-                               client=client)
+            engine.add_request(
+                name,
+                {"prompt_token_ids": [8, 9]},
+                SamplingParams(max_tokens=2, ignore_eos=True),
+                client=client,
+            )
         order += [out.request_id for out in engine.step().finished]
         if step > max(late) and not engine.has_unfinished_requests():
             return order
     raise AssertionError(f"not done after 300 steps: {order}")
 
 
-def test_the_least_served_client_goes_first_and_a_flood_does_not_hold_the_others_back(llm):
+def test_the_least_served_client_goes_first_and_a_flood_does_not_hold_the_others_back(
+    llm,
+):
     late = {2: ("alice", "alice"), 3: ("bob", "bob")}
     fcfs = finishing_order(llm.new_engine(max_num_seqs=1), late)
     assert fcfs == ["flood0", "flood1", "flood2", "flood3", "alice", "bob"]
     fair = llm.new_engine(max_num_seqs=1, scheduling_policy="fair")
-    assert type(fair.scheduler.order) is Fair and type(fair.scheduler.victim) is MostServed
-    assert finishing_order(fair, late) == ["flood0", "alice", "bob", "flood1", "flood2", "flood3"]
-    counters = fair.scheduler.order.counters  # prompt 1 per token, output 2 per decoded token
-    assert counters["alice"] >= 2 + 2 and counters["flood"] == 4 * (3 + 2 * 5)  # (the prefill samples the first)
+    assert (
+        type(fair.scheduler.order) is Fair and type(fair.scheduler.victim) is MostServed
+    )
+    assert finishing_order(fair, late) == [
+        "flood0",
+        "alice",
+        "bob",
+        "flood1",
+        "flood2",
+        "flood3",
+    ]
+    counters = (
+        fair.scheduler.order.counters
+    )  # prompt 1 per token, output 2 per decoded token
+    assert counters["alice"] >= 2 + 2 and counters["flood"] == 4 * (
+        3 + 2 * 5
+    )  # (the prefill samples the first)
 
 
 def test_the_scheduler_tells_every_row_it_ran_to_an_order_that_listens(llm):
@@ -66,28 +102,56 @@ def test_the_scheduler_tells_every_row_it_ran_to_an_order_that_listens(llm):
 
     order = Listening()
     engine = llm.new_engine(scheduling_policy=order, max_num_seqs=4)
-    engine.add_request("a", {"prompt_token_ids": [5, 6, 7, 8, 9]}, SamplingParams(max_tokens=3, ignore_eos=True),
-                       client="alice")
-    engine.add_request("b", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2, n=2, ignore_eos=True))
+    engine.add_request(
+        "a",
+        {"prompt_token_ids": [5, 6, 7, 8, 9]},
+        SamplingParams(max_tokens=3, ignore_eos=True),
+        client="alice",
+    )
+    engine.add_request(
+        "b",
+        {"prompt_token_ids": [5, 6]},
+        SamplingParams(max_tokens=2, n=2, ignore_eos=True),
+    )
     ran = []
     while engine.has_unfinished_requests():
         ran += [(rid, tokens, kind) for rid, _, kind, tokens in engine.step().ran]
     assert [(rid, n, kind) for rid, n, kind, _ in order.heard] == ran
-    assert ("a", 5, "prefill", "alice") in order.heard and ("b", 2, "prefill", "") in order.heard
-    assert policies.listener(policies.FCFS())(None, 1, "decode") is None  # an order without it: ignored
+    assert ("a", 5, "prefill", "alice") in order.heard and (
+        "b",
+        2,
+        "prefill",
+        "",
+    ) in order.heard
+    assert (
+        policies.listener(policies.FCFS())(None, 1, "decode") is None
+    )  # an order without it: ignored
 
 
 def test_a_returning_client_is_lifted_to_the_least_active_counter_and_the_victim_is_the_most_served():
     order = Fair()
-    flood, bob, old = request("f0", "flood"), request("b0", "bob"), request("d0", "dave")
+    flood, bob, old = (
+        request("f0", "flood"),
+        request("b0", "bob"),
+        request("d0", "dave"),
+    )
     for r in (flood, bob, old):
-        order.served(r, 1, "prefill")  # each arrives in turn, and is lifted to those before it
+        order.served(
+            r, 1, "prefill"
+        )  # each arrives in turn, and is lifted to those before it
     assert order.counters == {"flood": 1, "bob": 2, "dave": 2}
     order.counters.update(flood=100.0, bob=40.0, dave=5.0)
     old.status = Status.FINISHED  # dave leaves; he comes back later with a low counter
-    assert order.pick([request("d1", "dave"), request("f1", "flood")], 0).request_id == "d1"
-    assert order.counters["dave"] == 40  # lifted to bob's, the least active: not his own 5
-    assert order.pick([request("b1", "bob"), request("z0", "zed")], 0).request_id == "b1"  # zed: 40, a tie: the first
+    assert (
+        order.pick([request("d1", "dave"), request("f1", "flood")], 0).request_id
+        == "d1"
+    )
+    assert (
+        order.counters["dave"] == 40
+    )  # lifted to bob's, the least active: not his own 5
+    assert (
+        order.pick([request("b1", "bob"), request("z0", "zed")], 0).request_id == "b1"
+    )  # zed: 40, a tie: the first
     assert order.counters["zed"] == 40
     assert MostServed(order).choose([bob, flood, request("b2", "bob")]) is flood
     with pytest.raises(ValueError, match="output_weight"):
@@ -96,10 +160,17 @@ def test_a_returning_client_is_lifted_to_the_least_active_counter_and_the_victim
 
 def test_one_client_gets_the_same_greedy_tokens_as_fcfs(llm):
     prompts = [{"prompt_token_ids": [5 + i, 6, 7 + 2 * i]} for i in range(6)]
-    params = [SamplingParams(max_tokens=3 + i, temperature=0, ignore_eos=True) for i in range(6)]
+    params = [
+        SamplingParams(max_tokens=3 + i, temperature=0, ignore_eos=True)
+        for i in range(6)
+    ]
 
-    def tokens(policy):  # a small pool and 3 rows: requests wait, and some are preempted
-        engine = llm.new_engine(num_blocks=10, block_size=4, max_num_seqs=3, scheduling_policy=policy)
+    def tokens(
+        policy,
+    ):  # a small pool and 3 rows: requests wait, and some are preempted
+        engine = llm.new_engine(
+            num_blocks=10, block_size=4, max_num_seqs=3, scheduling_policy=policy
+        )
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             engine.add_request(str(i), prompt, p)
         done, order = {}, []
@@ -123,49 +194,108 @@ def test_the_server_names_the_client_by_key_and_fair_needs_no_bound(llm):
     parse = serve_cli.build_parser().parse_args
     assert parse([]).max_concurrent_per_client == 4
     assert parse(["--scheduling-policy", "fair"]).max_concurrent_per_client == 0
-    assert parse(["--scheduling-policy", "fair", "--max-concurrent-per-client", "2"]).max_concurrent_per_client == 2
+    assert (
+        parse(
+            ["--scheduling-policy", "fair", "--max-concurrent-per-client", "2"]
+        ).max_concurrent_per_client
+        == 2
+    )
     engine = llm.new_engine(scheduling_policy="fair")
-    with ServerThread(Server(engine, llm.tokenizer, ServerConfig(model_name="tiny"))) as url:
+    with ServerThread(
+        Server(engine, llm.tokenizer, ServerConfig(model_name="tiny"))
+    ) as url:
         for key in ("alice", "bob", "alice"):
-            r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                           json={"prompt": "one two", "max_tokens": 3, "ignore_eos": True, "n": 2})
+            r = httpx.post(
+                f"{url}/v1/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+                json={"prompt": "one two", "max_tokens": 3, "ignore_eos": True, "n": 2},
+            )
             assert r.status_code == 200, r.text
     counters = engine.scheduler.order.counters
-    assert sorted(c.split(" Bearer ")[-1] for c in counters) == ["alice", "bob"], counters
-    alice, bob = (next(v for c, v in counters.items() if c.endswith(key)) for key in ("alice", "bob"))
+    assert sorted(c.split(" Bearer ")[-1] for c in counters) == [
+        "alice",
+        "bob",
+    ], counters
+    alice, bob = (
+        next(v for c, v in counters.items() if c.endswith(key))
+        for key in ("alice", "bob")
+    )
     assert alice > bob > 0  # alice asked twice
 
 
 def test_the_dashboard_and_metrics_show_each_clients_service(llm):
-    """Two clients (two API keys) through a real server under fair queuing: once it is idle,
-    the dashboard's row of each (named without its key) holds the prompt tokens it sent and the
-    tokens it was returned, its fair counter is the order's, and /metrics counts the same."""
+    """Two clients (two API keys) through a real server under fair queuing: once it is
+    idle, the dashboard's row of each (named without its key) holds the prompt tokens it
+    sent and the tokens it was returned, its fair counter is the order's, and /metrics
+    counts the same.
+    """
     engine = llm.new_engine(scheduling_policy="fair")
-    sent = {"alice": [0, 0], "bob": [0, 0]}  # key -> [prompt tokens, completion tokens] as the server's usage says
-    asks = [("alice", "one two three", 5, 1), ("bob", "one", 3, 2), ("alice", "two three four five six", 4, 1)]
-    with ServerThread(Server(engine, llm.tokenizer, ServerConfig(model_name="tiny"))) as url:
+    sent = {
+        "alice": [0, 0],
+        "bob": [0, 0],
+    }  # key -> [prompt tokens, completion tokens] as the server's usage says
+    asks = [
+        ("alice", "one two three", 5, 1),
+        ("bob", "one", 3, 2),
+        ("alice", "two three four five six", 4, 1),
+    ]
+    with ServerThread(
+        Server(engine, llm.tokenizer, ServerConfig(model_name="tiny"))
+    ) as url:
         for key, prompt, max_tokens, n in asks:
-            r = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                           json={"prompt": prompt, "max_tokens": max_tokens, "n": n, "ignore_eos": True})
+            r = httpx.post(
+                f"{url}/v1/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+                json={
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "n": n,
+                    "ignore_eos": True,
+                },
+            )
             assert r.status_code == 200, r.text
             sent[key][0] += r.json()["usage"]["prompt_tokens"]
             sent[key][1] += r.json()["usage"]["completion_tokens"]
-        for _ in range(100):  # the snapshot of the idle engine follows the last answer closely
+        for _ in range(
+            100
+        ):  # the snapshot of the idle engine follows the last answer closely
             snapshot = httpx.get(f"{url}/dashboard/snapshot", timeout=10).json()
-            if snapshot["counters"]["finished"] == len(asks) and not any(snapshot["queues"].values()):
+            if snapshot["counters"]["finished"] == len(asks) and not any(
+                snapshot["queues"].values()
+            ):
                 break
             time.sleep(0.05)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    assert sent["alice"][1] == 5 + 4 and sent["bob"][1] == 3 * 2  # ignore_eos: every token asked for
+    assert (
+        sent["alice"][1] == 5 + 4 and sent["bob"][1] == 3 * 2
+    )  # ignore_eos: every token asked for
     rows = {row["name"]: row for row in snapshot["clients"]}
-    assert len(rows) == 2 and not any(key in name for name in rows for key in sent), rows  # no key on the page
-    by_key = {key: next(r for r in rows.values() if r["output_tokens"] == sent[key][1]) for key in sent}
+    assert len(rows) == 2 and not any(key in name for name in rows for key in sent), (
+        rows
+    )  # no key on the page
+    by_key = {
+        key: next(r for r in rows.values() if r["output_tokens"] == sent[key][1])
+        for key in sent
+    }
     for key, (prompt, output) in sent.items():
         row = by_key[key]
-        assert (row["prompt_tokens"], row["output_tokens"], row["running"], row["waiting"]) == (prompt, output, 0, 0)
+        assert (
+            row["prompt_tokens"],
+            row["output_tokens"],
+            row["running"],
+            row["waiting"],
+        ) == (prompt, output, 0, 0)
         for kind, tokens in (("prompt", prompt), ("output", output)):
-            assert f'minipaged:client_tokens_total{{client="{row["name"]}",kind="{kind}",model_name="tiny"}} ' \
-                   f'{float(tokens)}' in metrics
+            assert (
+                f'minipaged:client_tokens_total{{client="{row["name"]}",kind="{kind}",model_name="tiny"}}'
+                f" {float(tokens)}" in metrics
+            )
     counters = engine.scheduler.order.service()
-    assert {client_name(c): round(v, 1) for c, v in counters.items()} == {r["name"]: r["counter"] for r in rows.values()}
-    assert by_key["alice"]["counter"] > by_key["bob"]["counter"] > 0  # alice asked for more
+    assert {client_name(c): round(v, 1) for c, v in counters.items()} == {
+        r["name"]: r["counter"] for r in rows.values()
+    }
+    assert (
+        by_key["alice"]["counter"] > by_key["bob"]["counter"] > 0
+    )  # alice asked for more

@@ -1,7 +1,7 @@
 """On a GPU: the CuPy forward pass equals the NumPy one (run by scripts/gpu_check.sh).
 
-Random weights of SmolLM2-135M's real shapes (30 layers, 9/3 heads, head_dim 64), so nothing
-large has to travel to the GPU machine.
+Random weights of SmolLM2-135M's real shapes (30 layers, 9/3 heads, head_dim 64), so
+nothing large has to travel to the GPU machine.
 """
 
 import numpy as np
@@ -14,8 +14,15 @@ from minipaged.model.oracle import ContiguousKVCache, greedy_generate
 
 pytestmark = pytest.mark.gpu
 
-SMOLLM2_SHAPES = dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, max_positions=2048,
-                      vocab_size=49152)
+SMOLLM2_SHAPES = dict(
+    hidden=576,
+    layers=30,
+    heads=9,
+    kv_heads=3,
+    intermediate=1536,
+    max_positions=2048,
+    vocab_size=49152,
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +52,21 @@ def test_cupy_greedy_fp32_equals_numpy(folder):
 
 
 def test_engine_on_cupy_equals_numpy(folder):
-    """The whole engine on the GPU (paged CUDA kernels, continuous batching) in fp32 gives the
+    """The whole engine on the GPU (paged CUDA kernels, continuous batching) in fp32
+    gives the
     CPU's greedy tokens, for prompts of different lengths decoded together."""
     from minipaged import LLM, SamplingParams
+
     rng = np.random.default_rng(1)
-    prompts = [{"prompt_token_ids": rng.integers(5, 49152, n).tolist()} for n in (1, 15, 16, 17, 200)]
+    prompts = [
+        {"prompt_token_ids": rng.integers(5, 49152, n).tolist()}
+        for n in (1, 15, 16, 17, 200)
+    ]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     cpu = LLM(str(folder), device="cpu").generate(prompts, params, use_tqdm=False)
-    gpu = LLM(str(folder), device="cuda", dtype="float32", kv_cache_memory=2**30).generate(prompts, params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in gpu] == [o.outputs[0].token_ids for o in cpu]
+    gpu = LLM(
+        str(folder), device="cuda", dtype="float32", kv_cache_memory=2**30
+    ).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in gpu] == [
+        o.outputs[0].token_ids for o in cpu
+    ]

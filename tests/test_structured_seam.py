@@ -1,5 +1,6 @@
-"""The structured-output seam, with a hand-written backend: a sequence with a constraint takes
-only the tokens it allows, each sample its own state, through batching, preemption,
+"""The structured-output seam, with a hand-written backend: a sequence with a constraint
+takes only the tokens it allows, each sample its own state, through batching,
+preemption,
 speculation and min_tokens; a request without one is unchanged beside it."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ EOS = 2
 
 
 class Parity:
-    """A toy automaton: `regex` "even:K" (or "odd:K") allows K tokens of that parity (never
-    the end-of-sequence id), then only the end. Its state is the count of tokens taken."""
+    """A toy automaton: `regex` "even:K" (or "odd:K") allows K tokens of that parity
+    (never the end-of-sequence id), then only the end. Its state is the count of tokens
+    taken.
+    """
 
     def __init__(self, vocab_size: int, rule: str, taken: int = 0, log=None):
         self.vocab_size, self.rule, self.taken = vocab_size, rule, taken
@@ -27,7 +30,7 @@ class Parity:
         if self.taken >= int(count):
             mask[EOS] = True
         else:
-            mask[0 if parity == "even" else 1::2] = True
+            mask[0 if parity == "even" else 1 :: 2] = True
             mask[EOS] = False
         return mask
 
@@ -47,7 +50,10 @@ class ParityBackend:
 
     def compile(self, spec: StructuredOutputsParams):
         if not spec.regex.startswith(("even:", "odd:")):
-            raise ValueError(f"structured_outputs.regex: the parity backend takes 'even:K' or 'odd:K', got {spec.regex!r}")
+            raise ValueError(
+                "structured_outputs.regex: the parity backend takes 'even:K' or"
+                f" 'odd:K', got {spec.regex!r}"
+            )
         self.compiled.append(spec.regex)
         return Parity(VOCAB, spec.regex)
 
@@ -58,7 +64,10 @@ VOCAB = 0
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     from checkpoints import write_checkpoint
-    return str(write_checkpoint(tmp_path_factory.mktemp("seam"), layers=2, max_positions=256))
+
+    return str(
+        write_checkpoint(tmp_path_factory.mktemp("seam"), layers=2, max_positions=256)
+    )
 
 
 def make(checkpoint, **options):
@@ -70,31 +79,47 @@ def make(checkpoint, **options):
 
 
 def held(rule: str, **fields) -> SamplingParams:
-    return SamplingParams(structured_outputs=StructuredOutputsParams(regex=rule), **fields)
+    return SamplingParams(
+        structured_outputs=StructuredOutputsParams(regex=rule), **fields
+    )
 
 
-def test_a_held_answer_takes_only_allowed_tokens_and_ends_where_the_automaton_says(checkpoint):
+def test_a_held_answer_takes_only_allowed_tokens_and_ends_where_the_automaton_says(
+    checkpoint,
+):
     llm, backend = make(checkpoint, num_blocks=64, block_size=4)
-    out = llm.generate(["the cat sat"], held("odd:5", temperature=0, max_tokens=20))[0].outputs[0]
+    out = llm.generate(["the cat sat"], held("odd:5", temperature=0, max_tokens=20))[
+        0
+    ].outputs[0]
     assert len(out.token_ids) == 6 and out.finish_reason == "stop"
     assert all(t % 2 == 1 for t in out.token_ids[:5]) and out.token_ids[5] == EOS
     assert backend.compiled == ["odd:5"]
 
 
-def test_each_sample_walks_its_own_state_and_a_free_request_beside_it_is_unchanged(checkpoint):
+def test_each_sample_walks_its_own_state_and_a_free_request_beside_it_is_unchanged(
+    checkpoint,
+):
     llm, _ = make(checkpoint, num_blocks=64, block_size=4)
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     alone = llm.generate(["a dog ran"], free)[0].outputs[0].token_ids
-    outs = llm.generate(["the cat sat", "a dog ran"], [held("even:4", n=3, temperature=1.0, seed=7, max_tokens=10),
-                                                        free])
+    outs = llm.generate(
+        ["the cat sat", "a dog ran"],
+        [held("even:4", n=3, temperature=1.0, seed=7, max_tokens=10), free],
+    )
     for sample in outs[0].outputs:
-        assert [t % 2 for t in sample.token_ids[:4]] == [0] * 4 and sample.token_ids[4:] == [EOS]
+        assert [t % 2 for t in sample.token_ids[:4]] == [0] * 4 and sample.token_ids[
+            4:
+        ] == [EOS]
     assert outs[1].outputs[0].token_ids == alone
 
 
 def test_a_preempted_held_request_resumes_at_its_state(checkpoint):
-    llm, _ = make(checkpoint, num_blocks=10, block_size=4)  # 4 requests of up to 24 tokens preempt
-    outs = llm.generate(["the cat sat on the mat"] * 4, held("odd:14", temperature=0, max_tokens=20))
+    llm, _ = make(
+        checkpoint, num_blocks=10, block_size=4
+    )  # 4 requests of up to 24 tokens preempt
+    outs = llm.generate(
+        ["the cat sat on the mat"] * 4, held("odd:14", temperature=0, max_tokens=20)
+    )
     for out in outs:
         ids = out.outputs[0].token_ids
         assert all(t % 2 for t in ids[:14]) and ids[14:] == [EOS], ids
@@ -102,18 +127,33 @@ def test_a_preempted_held_request_resumes_at_its_state(checkpoint):
 
 def test_speculation_checks_each_guess_against_the_automaton(checkpoint):
     plain, _ = make(checkpoint, num_blocks=64, block_size=4)
-    spec, _ = make(checkpoint, num_blocks=64, block_size=4,
-                   speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2})
+    spec, _ = make(
+        checkpoint,
+        num_blocks=64,
+        block_size=4,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_max": 2,
+        },
+    )
     prompts = ["the cat sat the cat sat the cat", "a dog ran a dog ran"]
     params = held("odd:12", temperature=0, max_tokens=16)
-    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == \
-        [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == [
+        o.outputs[0].token_ids for o in plain.generate(prompts, params)
+    ]
 
 
 def test_the_automaton_outranks_min_tokens_when_only_the_end_is_allowed(checkpoint):
     llm, _ = make(checkpoint, num_blocks=64, block_size=4)
-    out = llm.generate(["the cat"], held("even:2", temperature=0, max_tokens=10, min_tokens=6))[0].outputs[0]
-    assert len(out.token_ids) == 3 and out.token_ids[-1] == EOS and out.finish_reason == "stop"
+    out = llm.generate(
+        ["the cat"], held("even:2", temperature=0, max_tokens=10, min_tokens=6)
+    )[0].outputs[0]
+    assert (
+        len(out.token_ids) == 3
+        and out.token_ids[-1] == EOS
+        and out.finish_reason == "stop"
+    )
 
 
 def test_bad_constraints_are_refused_by_name_and_the_batch_carries_on(checkpoint):
@@ -126,10 +166,19 @@ def test_bad_constraints_are_refused_by_name_and_the_batch_carries_on(checkpoint
         StructuredOutputsParams(regex="a", choice=["b"])
     with pytest.raises(ValueError, match="context-free grammar"):
         StructuredOutputsParams(grammar="root ::= 'a'")
-    out = llm.generate(["the cat"], held("odd:2", temperature=0, max_tokens=5))[0].outputs[0]
+    out = llm.generate(["the cat"], held("odd:2", temperature=0, max_tokens=5))[
+        0
+    ].outputs[0]
     assert out.finish_reason == "stop" and len(out.token_ids) == 3
 
 
 def test_the_backend_option_is_checked_when_the_engine_is_built(checkpoint):
-    with pytest.raises(ValueError, match="structured_outputs_backend must be one of \\('automata',\\)"):
-        LLM(checkpoint, device="cpu", num_blocks=16, structured_outputs_backend="xgrammar")
+    with pytest.raises(
+        ValueError, match="structured_outputs_backend must be one of \\('automata',\\)"
+    ):
+        LLM(
+            checkpoint,
+            device="cpu",
+            num_blocks=16,
+            structured_outputs_backend="xgrammar",
+        )

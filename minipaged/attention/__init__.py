@@ -1,7 +1,8 @@
-"""Paged attention, called by every attention layer of the model: K/V read from scattered
-frames through a block table. One contract (see `get_attention`), three modules with the same
-four functions: `reference` (NumPy, the specification; the choice on a CPU), `cuda` (cuda/*.cu
-through CuPy; the choice on a GPU) and `emulated` (the same kernels compiled for the CPU).
+"""Paged attention, called by every attention layer of the model: K/V read from
+scattered frames through a block table. One contract (see `get_attention`), three
+modules with the same four functions: `reference` (NumPy, the specification; the choice
+on a CPU), `cuda` (cuda/*.cu through CuPy; the choice on a GPU) and `emulated` (the same
+kernels compiled for the CPU).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from types import ModuleType
 
 
 def get_attention(device: str) -> ModuleType:
-    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for "cpu".
+    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for
+    "cpu".
     Every implementation is a module with the same four functions:
 
     write_kv(k, v, k_cache, v_cache, slot_mapping)            # in place
@@ -20,24 +22,28 @@ def get_attention(device: str) -> ModuleType:
     decode(q, k_cache, v_cache, block_tables, context_lens, scale) -> out
         q: (num_seqs, num_heads, head_dim), one query token per sequence (the last one)
         block_tables: int32 (num_seqs, max_blocks_per_seq), padded with -1
-        context_lens: int32 (num_seqs,), tokens in the cache for each sequence (new one included)
-        out: (num_seqs, num_heads, head_dim)
+        context_lens: int32 (num_seqs,), tokens in the cache for each sequence (new one
+        included) out: (num_seqs, num_heads, head_dim)
         cuda and emulated also take version=1..6 (default: kernels.pick_version) and
         partition_size (v6's, default 512)
-    prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale) -> out
+    prefill(q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale) ->
+    out
         q: (num_tokens, num_heads, head_dim); sequence i owns rows
-        query_start_loc[i]:query_start_loc[i+1], its last query_len tokens of context_lens[i];
-        causal: a query at position p sees keys at positions 0..p
-    copy_blocks(k_cache, v_cache, pairs)                       # in place, pairs: (src, dst) frames
+        query_start_loc[i]:query_start_loc[i+1], its last query_len tokens of
+        context_lens[i]; causal: a query at position p sees keys at positions 0..p
+    copy_blocks(k_cache, v_cache, pairs)                       # in place, pairs: (src,
+    dst) frames
 
-    Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for `reference`
-    and `emulated`, CuPy for `cuda`; q and the caches share one dtype (float32 or float16; the
-    kernels take head_dim 64 or 128).
+    Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for
+    `reference` and `emulated`, CuPy for `cuda`; q and the caches share one dtype
+    (float32 or float16; the kernels take head_dim 64 or 128).
     """
     if device == "cuda":
         from . import cuda
+
         return cuda
     if device == "cpu":
         from . import reference
+
         return reference
     raise ValueError(f"unknown device {device!r}; choose 'cpu' or 'cuda'")

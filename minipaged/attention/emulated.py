@@ -1,7 +1,8 @@
-"""Paged attention on a CPU by running the CUDA kernels themselves, for tests and for study.
+"""Paged attention on a CPU by running the CUDA kernels themselves, for tests and for
+study.
 
-The .cu files compiled by the system C++ compiler with a shim header, launched through ctypes
-with the very launches `cuda` uses (kernels.py). Slow, exact, and the same code.
+The .cu files compiled by the system C++ compiler with a shim header, launched through
+ctypes with the very launches `cuda` uses (kernels.py). Slow, exact, and the same code.
 """
 
 from __future__ import annotations
@@ -21,14 +22,29 @@ import numpy as np
 from . import kernels
 
 SHIM_DIR = kernels.CUDA_DIR / "emulate"
-OPTIMIZE = ["-O0", "-g"] if os.environ.get("MINIPAGED_EMULATE_DEBUG") else ["-O2"]  # -g: for gdb
-# g++ or clang++ (CXX chooses). macOS: Xcode's clang, a .dylib, and ucontext's deprecation quiet.
+OPTIMIZE = (
+    ["-O0", "-g"] if os.environ.get("MINIPAGED_EMULATE_DEBUG") else ["-O2"]
+)  # -g: for gdb
+# g++ or clang++ (CXX chooses). macOS: Xcode's clang, a .dylib, and ucontext's
+# deprecation quiet.
 if sys.platform == "darwin":
-    COMPILER = [os.environ.get("CXX", "clang++"), "-std=c++20", *OPTIMIZE, "-dynamiclib",
-                "-Wno-deprecated-declarations"]
+    COMPILER = [
+        os.environ.get("CXX", "clang++"),
+        "-std=c++20",
+        *OPTIMIZE,
+        "-dynamiclib",
+        "-Wno-deprecated-declarations",
+    ]
 else:
-    COMPILER = [os.environ.get("CXX", "g++"), "-std=c++20", *OPTIMIZE, "-shared", "-fPIC"]
-NUM_SMS = 132    # the version rule answers as for an H200, so the default is what a GPU would run
+    COMPILER = [
+        os.environ.get("CXX", "g++"),
+        "-std=c++20",
+        *OPTIMIZE,
+        "-shared",
+        "-fPIC",
+    ]
+# the version rule answers as for an H200, so the default is what a GPU would run
+NUM_SMS = 132
 
 
 def cache_dir() -> Path:
@@ -37,22 +53,31 @@ def cache_dir() -> Path:
 
 
 def _translation_unit(source: Path, names: tuple[str, ...]) -> str:
-    """The shim, the .cu file unchanged, and the table of the kernel instances `names`."""
+    """The shim, the .cu file unchanged, and the table of the kernel instances
+    `names`."""
     entries = "".join(f'    emu::entry<&{name}>("{name}"),\n' for name in names)
-    return (f'#include "cuda_shim.h"\n#include "{source}"\n\n'
-            f"const std::vector<emu::Kernel> emu::kernels = {{\n{entries}}};\n")
+    return (
+        f'#include "cuda_shim.h"\n#include "{source}"\n\n'
+        f"const std::vector<emu::Kernel> emu::kernels = {{\n{entries}}};\n"
+    )
 
 
 @functools.cache
 def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
-    """A .cu file compiled for the CPU with its kernel instances `names`, built if not cached.
-    The system C++ compiler (g++ or clang++) builds it together with cuda/emulate/cuda_shim.h
-    (threadIdx, __syncthreads, warp shuffles, __half; every CUDA thread a fiber) into a shared
-    library, once, cached under ~/.cache/minipaged/emulated by a hash of the sources and the
+    """A .cu file compiled for the CPU with its kernel instances `names`, built if not
+    cached. The system C++ compiler (g++ or clang++) builds it together with
+    cuda/emulate/cuda_shim.h (threadIdx, __syncthreads, warp shuffles, __half; every
+    CUDA thread a fiber) into a shared library, once, cached under
+    ~/.cache/minipaged/emulated by a hash of the sources and the
     compiler. Slow (a few microseconds per thread and barrier) but exact."""
     unit = _translation_unit(source, names)
-    inputs = [source.read_text(), *names, *(p.read_text() for p in sorted(SHIM_DIR.glob("*.h"))),
-              " ".join(COMPILER), compiler_version()]  # not the path: a copy elsewhere is the same
+    inputs = [
+        source.read_text(),
+        *names,
+        *(p.read_text() for p in sorted(SHIM_DIR.glob("*.h"))),
+        " ".join(COMPILER),
+        compiler_version(),
+    ]  # not the path: a copy elsewhere is the same
     digest = hashlib.sha256("\0".join(inputs).encode()).hexdigest()[:16]
     path = cache_dir() / f"{source.stem}-{digest}.so"
     if not path.exists():
@@ -64,16 +89,25 @@ def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
 
 @functools.cache
 def compiler_version() -> str:
-    """The first line of `$CXX --version`: g++ and clang++ builds (or two versions of one) are
+    """The first line of `$CXX --version`: g++ and clang++ builds (or two versions of
+    one) are
     cached apart."""
     if sys.platform == "win32":
-        raise RuntimeError("the emulated kernels run each CUDA thread as a POSIX ucontext fiber, "
-                           "which Windows lacks: run them under WSL (Linux), or use "
-                           "minipaged.attention.reference")
+        raise RuntimeError(
+            "the emulated kernels run each CUDA thread as a POSIX ucontext fiber, "
+            "which Windows lacks: run them under WSL (Linux), or use "
+            "minipaged.attention.reference"
+        )
     if shutil.which(COMPILER[0]) is None:
-        install = "xcode-select --install" if sys.platform == "darwin" else "install g++ or clang"
-        raise RuntimeError(f"the emulated kernels need a C++20 compiler; {COMPILER[0]} was not "
-                           f"found ({install}, or set CXX)")
+        install = (
+            "xcode-select --install"
+            if sys.platform == "darwin"
+            else "install g++ or clang"
+        )
+        raise RuntimeError(
+            f"the emulated kernels need a C++20 compiler; {COMPILER[0]} was not "
+            f"found ({install}, or set CXX)"
+        )
     done = subprocess.run([COMPILER[0], "--version"], capture_output=True, text=True)
     return done.stdout.partition("\n")[0]
 
@@ -86,9 +120,11 @@ def _compile(unit: str, path: Path) -> None:
         command = [*COMPILER, f"-I{SHIM_DIR}", str(cpp), "-o", str(so)]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"compiling the emulated kernels failed:\n{' '.join(command)}\n"
-                               f"{done.stderr}")
-        os.replace(so, path)      # atomic: a concurrent test run never loads half a file
+            raise RuntimeError(
+                f"compiling the emulated kernels failed:\n{' '.join(command)}\n"
+                f"{done.stderr}"
+            )
+        os.replace(so, path)  # atomic: a concurrent test run never loads half a file
 
 
 def _as_ctype(arg):
@@ -99,21 +135,34 @@ def _as_ctype(arg):
         return ctypes.c_int32(arg)
     if isinstance(arg, np.float32):
         return ctypes.c_float(arg)
-    raise TypeError(f"kernel arguments are arrays, np.int32 or np.float32; got {type(arg)}")
+    raise TypeError(
+        f"kernel arguments are arrays, np.int32 or np.float32; got {type(arg)}"
+    )
 
 
 def _dim3(dims: tuple):
     return (ctypes.c_uint * 3)(*dims, *(1,) * (3 - len(dims)))
 
 
-def launch_on(compiled: ctypes.CDLL, name: str, grid: tuple, block: tuple, args: tuple) -> None:
-    """Launch a kernel as cuLaunchKernel would: an array of pointers to the arguments."""
+def launch_on(
+    compiled: ctypes.CDLL, name: str, grid: tuple, block: tuple, args: tuple
+) -> None:
+    """Launch a kernel as cuLaunchKernel would: an array of pointers to the
+    arguments."""
     values = [_as_ctype(a) for a in args]
     pointers = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
     sizes = (ctypes.c_int * len(values))(*(ctypes.sizeof(v) for v in values))
     message = ctypes.create_string_buffer(512)
-    if compiled.emu_launch(name.encode(), _dim3(grid), _dim3(block), pointers, len(values), sizes,
-                           message, len(message)):
+    if compiled.emu_launch(
+        name.encode(),
+        _dim3(grid),
+        _dim3(block),
+        pointers,
+        len(values),
+        sizes,
+        message,
+        len(message),
+    ):
         raise RuntimeError(f"emulated {name}: {message.value.decode()}")
 
 
@@ -123,7 +172,9 @@ def _launch(name: str, grid: tuple, block: tuple, args: tuple) -> None:
     launch_on(compiled, name, grid, block, args)
 
 
-LAUNCHER = kernels.Launcher(launch=_launch, xp=np, num_sms=NUM_SMS)   # the CPU, posing as an H200
+LAUNCHER = kernels.Launcher(
+    launch=_launch, xp=np, num_sms=NUM_SMS
+)  # the CPU, posing as an H200
 
 write_kv, copy_blocks = LAUNCHER.write_kv, LAUNCHER.copy_blocks
 decode, prefill = LAUNCHER.decode, LAUNCHER.prefill

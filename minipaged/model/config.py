@@ -1,7 +1,9 @@
-"""Model configuration, read from a Hugging Face `config.json`: the first stop of loading a model.
+"""Model configuration, read from a Hugging Face `config.json`: the first stop of
+loading a model.
 
-Which architecture, how many layers and heads, how RoPE is scaled, which token ends an answer.
-Only the Llama family is served (Llama, SmolLM2, TinyLlama, Llama 3.x, Qwen2/2.5).
+Which architecture, how many layers and heads, how RoPE is scaled, which token ends an
+answer. Only the Llama family is served (Llama, SmolLM2, TinyLlama, Llama 3.x,
+Qwen2/2.5).
 """
 
 from __future__ import annotations
@@ -45,27 +47,44 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, cfg: dict) -> "ModelConfig":
+    def from_dict(cls, cfg: dict) -> ModelConfig:
         archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
         arch = archs[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {arch!r}; minipaged runs "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)} (the Llama family)")
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
-                               "num_hidden_layers", "num_attention_heads") if k not in cfg]
+                f"{', '.join(SUPPORTED_ARCHITECTURES)} (the Llama family)"
+            )
+        missing = [
+            k
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+            )
+            if k not in cfg
+        ]
         if missing:
             raise ValueError(f"config.json lacks {', '.join(missing)}")
         if cfg.get("mlp_bias"):
-            raise ValueError("config.json sets mlp_bias, which minipaged does not support")
+            raise ValueError(
+                "config.json sets mlp_bias, which minipaged does not support"
+            )
         num_heads = cfg["num_attention_heads"]
         num_kv_heads = cfg.get("num_key_value_heads") or num_heads
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_attention_heads={num_heads} is not a multiple of "
-                             f"num_key_value_heads={num_kv_heads}")
-        # transformers 5 moves rope settings into `rope_parameters`; older configs keep them flat
+            raise ValueError(
+                f"num_attention_heads={num_heads} is not a multiple of "
+                f"num_key_value_heads={num_kv_heads}"
+            )
+        # transformers 5 moves rope settings into `rope_parameters`; older configs keep
+        # them flat
         rope = cfg.get("rope_parameters") or {}
-        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        rope_scaling = cfg.get("rope_scaling") or (
+            rope if rope.get("rope_type", "default") != "default" else None
+        )
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -88,13 +107,15 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+    def from_folder(cls, folder: str | Path) -> ModelConfig:
         """config.json, with eos ids from generation_config.json when it has them."""
         folder = Path(folder)
         path = folder / "config.json"
         if not path.exists():
-            raise FileNotFoundError(f"{folder} has no config.json; a Hugging Face model folder "
-                                    "needs config.json, *.safetensors and tokenizer.json")
+            raise FileNotFoundError(
+                f"{folder} has no config.json; a Hugging Face model folder "
+                "needs config.json, *.safetensors and tokenizer.json"
+            )
         config = cls.from_dict(json.loads(path.read_text()))
         gen_path = folder / "generation_config.json"
         if gen_path.exists():

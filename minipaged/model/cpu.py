@@ -1,7 +1,8 @@
-"""How a projection `x @ w` is computed on this CPU: BLAS threads fitted to the machine's load
-(one per core no other program is using), and weight panels that make 2 to 63 rows read each
-weight once. The model's forward never sees it: weights are made here, the load is followed
-between steps. The array backend itself (`xp`, the device) is minipaged.backend.
+"""How a projection `x @ w` is computed on this CPU: BLAS threads fitted to the
+machine's load (one per core no other program is using), and weight panels that make 2
+to 63 rows read each weight once. The model's forward never sees it: weights are made
+here, the load is followed between steps. The array backend itself (`xp`, the device) is
+minipaged.backend.
 """
 
 from __future__ import annotations
@@ -15,23 +16,29 @@ import numpy as np
 
 from minipaged.backend import cdiv
 
+# ---- BLAS threads on a shared CPU
+# ----------------------------------------------------------------
 
-# ---- BLAS threads on a shared CPU ----------------------------------------------------------------
 
 def fit_blas_threads(samples: int = 5) -> int:
-    """Give NumPy's BLAS one thread per core that no other program is using now; return that count.
+    """Give NumPy's BLAS one thread per core that no other program is using now; return
+    that count.
 
-    OpenBLAS splits every matrix product over its threads and waits for the slowest. When another
-    process competes for the cores, one of those threads is often descheduled and the others spin
-    waiting for it: decoding on a 2-core machine with one busy neighbour ran 5x slower with 2
-    threads than with 1. On an idle machine all cores stay in use. The count never exceeds what
-    BLAS started with (its default or OPENBLAS_NUM_THREADS). Called when a model is loaded
-    (`LLM()` on a CPU), by the chat before each answer and by the benchmarks before they
-    measure. While a model runs, `follow_machine_load` (before each step) keeps it up to date.
+    OpenBLAS splits every matrix product over its threads and waits for the slowest.
+    When another process competes for the cores, one of those threads is often
+    descheduled and the others spin waiting for it: decoding on a 2-core machine with
+    one busy neighbour ran 5x slower with 2 threads than with 1. On an idle machine all
+    cores stay in use. The count never exceeds what BLAS started with (its default or
+    OPENBLAS_NUM_THREADS). Called when a model is loaded (`LLM()` on a CPU), by the chat
+    before each answer and by the benchmarks before they measure. While a model runs,
+    `follow_machine_load` (before each step) keeps it up to date.
     """
     from threadpoolctl import threadpool_limits
+
     most = blas_threads_at_start()
-    if most == 0:  # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
+    if (
+        most == 0
+    ):  # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
         return 1
     busy = busy_cores(samples)
     threads = max(1, min(most, len(_usable_cores()) - busy))
@@ -42,16 +49,26 @@ def fit_blas_threads(samples: int = 5) -> int:
 
 @functools.cache
 def blas_threads_at_start() -> int:
-    """BLAS's thread count before fit_blas_threads first changed it (0: no BLAS thread pool)."""
+    """BLAS's thread count before fit_blas_threads first changed it (0: no BLAS thread
+    pool)."""
     from threadpoolctl import threadpool_info
-    return max([pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"],
-               default=0)
+
+    return max(
+        [
+            pool["num_threads"]
+            for pool in threadpool_info()
+            if pool["user_api"] == "blas"
+        ],
+        default=0,
+    )
 
 
 def busy_cores(samples: int = 5) -> int:
     """Cores other programs keep busy now: runnable tasks on the machine (/proc/stat's
-    procs_running) less this process's own running threads, the median of `samples` looks 10 ms
-    apart. 0 where /proc is missing (not Linux): there we cannot tell, and assume a quiet machine."""
+    procs_running) less this process's own running threads, the median of `samples`
+    looks 10 ms apart. 0 where /proc is missing (not Linux): there we cannot tell, and
+    assume a quiet machine.
+    """
     counts = []
     for i in range(samples):
         try:
@@ -83,13 +100,19 @@ def _own_running_threads() -> int:
 
 
 def _usable_cores() -> set[int]:
-    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return (
+        os.sched_getaffinity(0)
+        if hasattr(os, "sched_getaffinity")
+        else set(range(os.cpu_count() or 1))
+    )
 
 
 class _Cores:
-    """The cores this process should use now, looked at again at most every `period` seconds
-    with one sample of the machine's load (0.1-0.3 ms of /proc reading on a 2-core machine), so
-    a long-running server follows it: a median over the last 5 looks (2.5 s) ignores a blip."""
+    """The cores this process should use now, looked at again at most every `period`
+    seconds with one sample of the machine's load (0.1-0.3 ms of /proc reading on a
+    2-core machine), so a long-running server follows it: a median over the last 5 looks
+    (2.5 s) ignores a blip.
+    """
 
     def __init__(self, period: float = 0.5):
         self.period, self.now, self.looks, self.checked = period, 1, [], -1e9
@@ -111,8 +134,9 @@ _cores = _Cores()
 
 
 def follow_machine_load() -> int:
-    """The cores to use now (see _Cores); BLAS's own thread count is kept equal to it. Called
-    between steps (`Model.follow_machine_load`, before each step), never inside a forward:
+    """The cores to use now (see _Cores); BLAS's own thread count is kept equal to it.
+    Called between steps (`Model.follow_machine_load`, before each step), never inside a
+    forward:
     most calls only read the clock (under 1 us)."""
     _cores.follow()
     return _cores.now
@@ -126,68 +150,90 @@ def _set_blas_threads(threads: int) -> None:
 @functools.cache
 def _blas_controllers():
     from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController().select(user_api="blas").lib_controllers
 
 
-# ---- How a projection `x @ w` is computed on a CPU -----------------------------------------------
+# ---- How a projection `x @ w` is computed on a CPU
+# -----------------------------------------------
 #
-# A decode step multiplies a few rows, one per running sequence, by every weight matrix of the
-# model: 538 MB for SmolLM2-135M in float32. The work is small (2 flops per weight per row) and
-# the weights do not fit in any cache, so the step's time is the time to read them from memory:
-# one row is memory-bound. Read once, the weights cost the same for 1 row as for 16; only the
-# flops grow, and at 16 rows they are still under the memory's time (200-300 GFLOP/s on two
-# cores: 4.3 GFLOP, 15-20 ms). So many rows should cost almost what one row costs.
+# A decode step multiplies a few rows, one per running sequence, by every weight matrix
+# of the model: 538 MB for SmolLM2-135M in float32. The work is small (2 flops per
+# weight per row) and the weights do not fit in any cache, so the step's time is the
+# time to read them from memory: one row is memory-bound. Read once, the weights cost
+# the same for 1 row as for 16; only the flops grow, and at 16 rows they are still under
+# the memory's time (200-300 GFLOP/s on two cores: 4.3 GFLOP, 15-20 ms). So many rows
+# should cost almost what one row costs.
 #
-# What this machine's BLAS does in between (OpenBLAS in NumPy's wheel on a 2-core Xeon; measured
-# by `python -m minipaged.bench projections`, bench/results/2026-12-02-cpu-2core-numpy-decode/):
-#   1 row     its matrix-vector code on 2 threads reads the weights at the copy bandwidth (about
+# What this machine's BLAS does in between (OpenBLAS in NumPy's wheel on a 2-core Xeon;
+# measured by `python -m minipaged.bench projections`,
+# bench/results/2026-12-02-cpu-2core-numpy-decode/):
+#   1 row     its matrix-vector code on 2 threads reads the weights at the copy
+#   bandwidth (about
 #             25 GB/s): one step's products in 20-21 ms, the floor.
-#   2-63      its GEMM packs (copies) each weight into cache-sized tiles at every call, then
-#             computes: 2.5x the time of reading it, so 2 rows took 3.5x one row. Kept as
-#             PANEL-row panels of the (out, in) layout, the product is a stack of small ones that
-#             its small-matrix kernel computes straight from memory: one core reads at 12-13 GB/s,
-#             near its own limit (15 GB/s for the matrix-vector code on one core). A second core
-#             needs a second thread, and each product hands half of its panels to it: about 90 us
-#             per hand-off here (a sleeping thread is woken, the GIL changes hands), 121 products
-#             a step, some 10 ms that the matrix-vector code never pays (its threads wait
-#             spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x, and 16
-#             rows 2.8x.
+#   2-63      its GEMM packs (copies) each weight into cache-sized tiles at every call,
+#   then
+#             computes: 2.5x the time of reading it, so 2 rows took 3.5x one row. Kept
+#             as PANEL-row panels of the (out, in) layout, the product is a stack of
+#             small ones that its small-matrix kernel computes straight from memory: one
+#             core reads at 12-13 GB/s, near its own limit (15 GB/s for the
+#             matrix-vector code on one core). A second core needs a second thread, and
+#             each product hands half of its panels to it: about 90 us per hand-off here
+#             (a sleeping thread is woken, the GIL changes hands), 121 products a step,
+#             some 10 ms that the matrix-vector code never pays (its threads wait
+#             spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x,
+#             and 16 rows 2.8x.
 #   64+       packing pays for itself: one GEMM on the whole matrix.
-# Tried and dropped: one matrix-vector product per row (each row reads the weights again: 2 rows
-# 1.7-1.9x one row, 4 rows 2.6x; `bench projections` shows it), column blocks of the (in, out)
-# layout through the GEMM, panels of 16, 64 and 128 rows, splitting only the larger products,
-# handing the pieces over with locks instead of futures (the same within noise), and BLIS
-# (cython-blis's wheel: 4-10x slower). The layout costs no copy: all three paths read the same
-# memory. Apple's Accelerate and MKL choose their own kernels, so the panels are timed once per
-# machine (`panels_pay`) and dropped where they do not gain.
+# Tried and dropped: one matrix-vector product per row (each row reads the weights
+# again: 2 rows 1.7-1.9x one row, 4 rows 2.6x; `bench projections` shows it), column
+# blocks of the (in, out) layout through the GEMM, panels of 16, 64 and 128 rows,
+# splitting only the larger products, handing the pieces over with locks instead of
+# futures (the same within noise), and BLIS (cython-blis's wheel: 4-10x slower). The
+# layout costs no copy: all three paths read the same memory. Apple's Accelerate and MKL
+# choose their own kernels, so the panels are timed once per machine (`panels_pay`) and
+# dropped where they do not gain.
 
-PANEL = 32        # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
-GEMM_ROWS = 64    # from this many rows on, packing pays for itself: one GEMM on the whole matrix
+# rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
+PANEL = 32
+GEMM_ROWS = (
+    64  # from this many rows on, packing pays for itself: one GEMM on the whole matrix
+)
 
 
 def projection_path(rows: int) -> str:
-    """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is made):
-    "matrix-vector" for one row, "panels" for 2 to GEMM_ROWS - 1, "gemm" from GEMM_ROWS on."""
+    """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is
+    made): "matrix-vector" for one row, "panels" for 2 to GEMM_ROWS - 1, "gemm" from
+    GEMM_ROWS on.
+    """
     if rows == 1:
         return "matrix-vector"
     return "panels" if rows < GEMM_ROWS else "gemm"
 
 
 class PanelWeight:
-    """An (in, out) weight matrix kept as (out, in) rows, read as panels of PANEL rows, for CPU
-    decoding; `x @ w` works as on an array (the model's code does not change) and returns an
+    """An (in, out) weight matrix kept as (out, in) rows, read as panels of PANEL rows,
+    for CPU decoding; `x @ w` works as on an array (the model's code does not change)
+    and returns an
     ndarray (rows, out)."""
 
-    __array_ufunc__ = None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
+    __array_ufunc__ = (
+        None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
+    )
 
     def __init__(self, array: np.ndarray):
         rows, cols = array.shape
         padded = cdiv(cols, PANEL) * PANEL
-        if padded != cols:  # a last, narrower panel is padded with zeros, cut off after the product
+        if (
+            padded != cols
+        ):  # a last, narrower panel is padded with zeros, cut off after the product
             array = np.pad(array, ((0, 0), (0, padded - cols)))
         self.shape, self.dtype = (rows, cols), array.dtype
-        self.out_rows = np.ascontiguousarray(array.T)  # (out, in): no copy for a Hugging Face weight's .T
-        self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)  # (out/PANEL, PANEL, in), a view
+        self.out_rows = np.ascontiguousarray(
+            array.T
+        )  # (out, in): no copy for a Hugging Face weight's .T
+        self.panels = self.out_rows.reshape(
+            padded // PANEL, PANEL, rows
+        )  # (out/PANEL, PANEL, in), a view
 
     @property
     def nbytes(self) -> int:
@@ -195,28 +241,42 @@ class PanelWeight:
 
     def dense(self) -> np.ndarray:
         """The (in, out) matrix, a view."""
-        return self.out_rows.T[:, :self.shape[1]]
+        return self.out_rows.T[:, : self.shape[1]]
 
     def __rmatmul__(self, x: np.ndarray) -> np.ndarray:
         if x.ndim != 2 or x.shape[1] != self.shape[0]:
-            raise ValueError(f"x @ w: x {x.shape} does not match a weight of shape {self.shape}")
+            raise ValueError(
+                f"x @ w: x {x.shape} does not match a weight of shape {self.shape}"
+            )
         if projection_path(len(x)) == "panels":
             return self.by_panels(x)
-        return x @ self.dense()  # BLAS: its matrix-vector code for one row, its GEMM for many
+        return (
+            x @ self.dense()
+        )  # BLAS: its matrix-vector code for one row, its GEMM for many
 
     def by_panels(self, x: np.ndarray, cores: int | None = None) -> np.ndarray:
-        """x @ w as one small product per panel, the panels split over `cores` threads (default:
+        """x @ w as one small product per panel, the panels split over `cores` threads
+        (default:
         the cores free now)."""
-        out = np.empty((len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype))
-        _split(lambda lo, hi: np.matmul(x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]),
-               len(self.panels), cores or _cores.now)
-        return out.transpose(1, 0, 2).reshape(len(x), -1)[:, :self.shape[1]]
+        out = np.empty(
+            (len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype)
+        )
+        _split(
+            lambda lo, hi: np.matmul(
+                x, self.panels[lo:hi].transpose(0, 2, 1), out=out[lo:hi]
+            ),
+            len(self.panels),
+            cores or _cores.now,
+        )
+        return out.transpose(1, 0, 2).reshape(len(x), -1)[:, : self.shape[1]]
 
 
 def projection_weight(array: np.ndarray, xp, dtype):
-    """How the model stores an (in, out) weight that multiplies activations (`x @ w`): panels on
-    a CPU whose BLAS gains by them, else a contiguous array on the device: on a GPU (cuBLAS has no
-    such gap), with MINIPAGED_CPU_PANELS=0 (to measure the difference), or =1 to skip the timing."""
+    """How the model stores an (in, out) weight that multiplies activations (`x @ w`):
+    panels on a CPU whose BLAS gains by them, else a contiguous array on the device: on
+    a GPU (cuBLAS has no such gap), with MINIPAGED_CPU_PANELS=0 (to measure the
+    difference), or =1 to skip the timing.
+    """
     choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
     if xp is np and choice != "0" and (choice == "1" or panels_pay()):
         return PanelWeight(array.astype(dtype, copy=False))
@@ -225,10 +285,11 @@ def projection_weight(array: np.ndarray, xp, dtype):
 
 @functools.cache
 def panels_pay() -> bool:
-    """Does this machine's BLAS multiply 2 rows faster by panels than by its own GEMM? Timed once
-    per process (about 50 ms), on a 32 MB weight, bigger than most caches: OpenBLAS on x86 gains
+    """Does this machine's BLAS multiply 2 rows faster by panels than by its own GEMM?
+    Timed once per process (about 50 ms), on a 32 MB weight, bigger than most caches:
+    OpenBLAS on x86 gains
     2-3x; another BLAS (Apple's Accelerate, MKL) may pick good code by itself."""
-    w = np.full((512, 16384), 0.5, np.float32)   # the values do not change the time
+    w = np.full((512, 16384), 0.5, np.float32)  # the values do not change the time
     x = np.full((2, 512), 0.5, np.float32)
     panels = PanelWeight(w)
 
@@ -239,11 +300,13 @@ def panels_pay() -> bool:
             work()
             times.append(time.perf_counter() - start)
         return min(times)
+
     return best(lambda: x @ panels) < best(lambda: x @ w)
 
 
 def _split(work, n: int, cores: int) -> None:
-    """Runs work(lo, hi) over [0, n) in one piece per core: the others in a thread pool (NumPy
+    """Runs work(lo, hi) over [0, n) in one piece per core: the others in a thread pool
+    (NumPy
     releases the GIL inside BLAS), the first in this thread."""
     parts = min(cores, n)
     bounds = [n * i // parts for i in range(parts + 1)]
@@ -256,5 +319,7 @@ def _split(work, n: int, cores: int) -> None:
 @functools.cache
 def _pool():
     from concurrent.futures import ThreadPoolExecutor
-    return ThreadPoolExecutor(max_workers=max(1, len(_usable_cores()) - 1), thread_name_prefix="panels")
 
+    return ThreadPoolExecutor(
+        max_workers=max(1, len(_usable_cores()) - 1), thread_name_prefix="panels"
+    )

@@ -1,7 +1,8 @@
 """The Llama-family transformer, written once against `xp` (NumPy or CuPy).
 
-The middle of a request's path: flat token ids and positions in, logits out. The KV cache is not
-the model's business: each layer hands its q, k, v to an `Attention` callable.
+The middle of a request's path: flat token ids and positions in, logits out. The KV
+cache is not the model's business: each layer hands its q, k, v to an `Attention`
+callable.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from minipaged.model.weights import load_weights
 
 
 class Attention(Protocol):
-    """What each layer hands its q, k, v to: a contiguous cache in `minipaged.model.oracle`, the
+    """What each layer hands its q, k, v to: a contiguous cache in
+    `minipaged.model.oracle`, the
     paged cache in the engine."""
 
     def __call__(self, layer: int, q, k, v):
-        """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) after RoPE -> (T, heads, head_dim).
+        """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) after RoPE -> (T, heads,
+        head_dim).
 
         Stores k and v in the cache for later steps, then attends each query over its
         sequence's cached keys up to its own position."""
@@ -31,100 +34,140 @@ class Attention(Protocol):
 
 @dataclass(slots=True)
 class Layer:
-    input_norm: object   # (hidden,)
-    wqkv: object         # (hidden, q_size + 2 * kv_size): q, k, v projections side by side
+    input_norm: object  # (hidden,)
+    wqkv: object  # (hidden, q_size + 2 * kv_size): q, k, v projections side by side
     bqkv: object | None  # (q_size + 2 * kv_size,) for Qwen2, else None
-    wo: object           # (q_size, hidden)
-    bo: object | None    # (hidden,) for Llama with attention_bias, else None
-    post_norm: object    # (hidden,)
-    w_gate_up: object    # (hidden, 2 * intermediate): gate and up projections side by side
-    w_down: object       # (intermediate, hidden)
+    wo: object  # (q_size, hidden)
+    bo: object | None  # (hidden,) for Llama with attention_bias, else None
+    post_norm: object  # (hidden,)
+    w_gate_up: (
+        object  # (hidden, 2 * intermediate): gate and up projections side by side
+    )
+    w_down: object  # (intermediate, hidden)
 
 
 class Model:
     """Weights on the device, and `forward`. Matmul weights are stored as (in, out)."""
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, np.ndarray],
-                 device: str = "cpu", dtype: str = "float32"):
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, np.ndarray],
+        device: str = "cpu",
+        dtype: str = "float32",
+    ):
         self.config, self.device, self.dtype = config, device, np.dtype(dtype)
         self.xp = xp = get_xp(device)
 
         def get(name):
             if name not in tensors:
-                raise KeyError(f"checkpoint is missing tensor {name!r} "
-                               f"(a {config.architecture} with {config.num_layers} layers needs it)")
+                raise KeyError(
+                    f"checkpoint is missing tensor {name!r} (a {config.architecture}"
+                    f" with {config.num_layers} layers needs it)"
+                )
             return tensors[name]
 
         def put(array):  # host array -> device array of the model's dtype
             return xp.asarray(np.ascontiguousarray(array, dtype=self.dtype))
 
-        def in_out(*names):  # Hugging Face stores (out, in); concatenate outputs, then transpose
-            return cpu.projection_weight(np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype)
+        def in_out(
+            *names,
+        ):  # Hugging Face stores (out, in); concatenate outputs, then transpose
+            return cpu.projection_weight(
+                np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype
+            )
 
         self.layers = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             qkv = [p + f"self_attn.{x}_proj" for x in "qkv"]
-            self.layers.append(Layer(
-                input_norm=put(get(p + "input_layernorm.weight")),
-                wqkv=in_out(*(n + ".weight" for n in qkv)),
-                bqkv=put(np.concatenate([get(n + ".bias") for n in qkv])) if config.qkv_bias else None,
-                wo=in_out(p + "self_attn.o_proj.weight"),
-                bo=put(get(p + "self_attn.o_proj.bias")) if config.o_bias else None,
-                post_norm=put(get(p + "post_attention_layernorm.weight")),
-                w_gate_up=in_out(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                w_down=in_out(p + "mlp.down_proj.weight"),
-            ))
+            self.layers.append(
+                Layer(
+                    input_norm=put(get(p + "input_layernorm.weight")),
+                    wqkv=in_out(*(n + ".weight" for n in qkv)),
+                    bqkv=(
+                        put(np.concatenate([get(n + ".bias") for n in qkv]))
+                        if config.qkv_bias
+                        else None
+                    ),
+                    wo=in_out(p + "self_attn.o_proj.weight"),
+                    bo=put(get(p + "self_attn.o_proj.bias")) if config.o_bias else None,
+                    post_norm=put(get(p + "post_attention_layernorm.weight")),
+                    w_gate_up=in_out(
+                        p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"
+                    ),
+                    w_down=in_out(p + "mlp.down_proj.weight"),
+                )
+            )
         self.embed = put(get("model.embed_tokens.weight"))  # (vocab, hidden)
         self.norm = put(get("model.norm.weight"))
-        lm_head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-        self.lm_head = cpu.projection_weight(get(lm_head).T, xp, self.dtype)  # (hidden, vocab)
+        lm_head = (
+            "model.embed_tokens.weight"
+            if config.tie_word_embeddings
+            else "lm_head.weight"
+        )
+        self.lm_head = cpu.projection_weight(
+            get(lm_head).T, xp, self.dtype
+        )  # (hidden, vocab)
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
 
     @classmethod
-    def from_folder(cls, folder, device: str = "cpu", dtype: str = "float32") -> "Model":
+    def from_folder(cls, folder, device: str = "cpu", dtype: str = "float32") -> Model:
         """Config and safetensors of a Hugging Face folder, on `device` in `dtype`."""
         return cls(ModelConfig.from_folder(folder), load_weights(folder), device, dtype)
 
     def forward(self, token_ids, positions, attention: Attention, logits_indices=None):
-        """token_ids, positions: int (T,) -> float32 logits (len(logits_indices) or T, vocab).
-        All sequences of a step are flattened into one (T, hidden) matrix, so every projection
+        """token_ids, positions: int (T,) -> float32 logits (len(logits_indices) or T,
+        vocab). All sequences of a step are flattened into one (T, hidden) matrix, so
+        every projection
         is one 2-D matmul whatever the batch."""
         xp, c = self.xp, self.config
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]
-        cos, sin = self.rope(positions)                             # (T, 1, head_dim / 2) each
-        h = self.embed[token_ids].astype(xp.float32)                # (T, hidden) residual stream, fp32
+        cos, sin = self.rope(positions)  # (T, 1, head_dim / 2) each
+        h = self.embed[token_ids].astype(
+            xp.float32
+        )  # (T, hidden) residual stream, fp32
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps, self.dtype)  # (T, hidden)
-            qkv = x @ layer.wqkv                                    # (T, q_size + 2 kv_size)
+            qkv = x @ layer.wqkv  # (T, q_size + 2 kv_size)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
-            heads = c.num_heads + c.num_kv_heads                    # q and k sit side by side: one RoPE
-            qk = apply_rope(qkv[:, :c.q_size + c.kv_size].reshape(T, heads, c.head_dim), cos, sin)
-            q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
-            v = qkv[:, c.q_size + c.kv_size:].reshape(T, c.num_kv_heads, c.head_dim)
-            o = attention(i, q, k, v)                               # (T, heads, head_dim)
-            o = o.reshape(T, c.q_size) @ layer.wo                  # (T, hidden)
-            h += o if layer.bo is None else o + layer.bo            # h is float32: NumPy converts as it adds
+            heads = c.num_heads + c.num_kv_heads  # q and k sit side by side: one RoPE
+            qk = apply_rope(
+                qkv[:, : c.q_size + c.kv_size].reshape(T, heads, c.head_dim), cos, sin
+            )
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+            o = attention(i, q, k, v)  # (T, heads, head_dim)
+            o = o.reshape(T, c.q_size) @ layer.wo  # (T, hidden)
+            h += (
+                o if layer.bo is None else o + layer.bo
+            )  # h is float32: NumPy converts as it adds
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps, self.dtype)
-            gate_up = x @ layer.w_gate_up                           # (T, 2 intermediate)
-            gate, up = gate_up[:, :c.intermediate_size], gate_up[:, c.intermediate_size:]
+            gate_up = x @ layer.w_gate_up  # (T, 2 intermediate)
+            gate, up = (
+                gate_up[:, : c.intermediate_size],
+                gate_up[:, c.intermediate_size :],
+            )
             h += (silu(gate) * up) @ layer.w_down
         if logits_indices is not None:
-            h = h[xp.asarray(logits_indices)]                       # only the rows we sample from
+            h = h[xp.asarray(logits_indices)]  # only the rows we sample from
         x = rms_norm(h, self.norm, c.rms_norm_eps, self.dtype)
-        return (x @ self.lm_head).astype(xp.float32)                # (rows, vocab)
+        return (x @ self.lm_head).astype(xp.float32)  # (rows, vocab)
 
     def follow_machine_load(self) -> None:
-        """Before a step, on a CPU shared with other programs: BLAS and the weight panels use
-        the cores the others leave free now (model/cpu.py: a clock check, and a look at /proc
-        twice a second at most). Nothing to do on a GPU. The engine calls it; forward does not."""
+        """Before a step, on a CPU shared with other programs: BLAS and the weight
+        panels use the cores the others leave free now (model/cpu.py: a clock check, and
+        a look at /proc twice a second at most). Nothing to do on a GPU. The engine
+        calls it; forward does not.
+        """
         if self.xp is np:
             cpu.follow_machine_load()
 
     def rope(self, positions):
-        """cos and sin of position * frequency, computed in float32 like transformers."""
+        """cos and sin of position * frequency, computed in float32 like
+        transformers."""
         angles = positions.astype(self.xp.float32)[:, None] * self.inv_freq[None, :]
         return self.xp.cos(angles)[:, None, :], self.xp.sin(angles)[:, None, :]
 
@@ -138,13 +181,18 @@ def rms_norm(x, weight, eps: float, dtype):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate each head's first half of dims against its second half (Hugging Face layout).
+    """Rotate each head's first half of dims against its second half (Hugging Face
+    layout).
 
-    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2). Computed in float32; returned in
+    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2). Computed in float32;
+    returned in
     x's dtype."""
     xp = array_module(x)
     half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].astype(xp.float32, copy=False), x[..., half:].astype(xp.float32, copy=False)
+    x1, x2 = (
+        x[..., :half].astype(xp.float32, copy=False),
+        x[..., half:].astype(xp.float32, copy=False),
+    )
     rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
     return xp.concatenate(rotated, axis=-1).astype(x.dtype, copy=False)
 
@@ -155,9 +203,12 @@ def silu(x):
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """RoPE frequencies theta^(-2i/d), adjusted for `rope_scaling` (linear or llama3)."""
+    """RoPE frequencies theta^(-2i/d), adjusted for `rope_scaling` (linear or
+    llama3)."""
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d)
+    )
     scaling = config.rope_scaling or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "linear":
@@ -165,15 +216,19 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     elif kind == "llama3":
         inv_freq = llama3_scaled_inv_freq(inv_freq, scaling)
     elif kind != "default":
-        raise ValueError(f"rope_scaling type {kind!r} is not supported (default, linear, llama3 are)")
+        raise ValueError(
+            f"rope_scaling type {kind!r} is not supported (default, linear, llama3 are)"
+        )
     return inv_freq.astype(np.float32)
 
 
 def llama3_scaled_inv_freq(inv_freq: np.ndarray, s: dict) -> np.ndarray:
-    """Llama 3.1's long-context RoPE: slow down low frequencies, keep high ones, blend between.
+    """Llama 3.1's long-context RoPE: slow down low frequencies, keep high ones, blend
+    between.
 
-    Wavelengths longer than original_max / low_freq_factor are divided by `factor`; shorter
-    than original_max / high_freq_factor are kept; the band between is interpolated smoothly.
+    Wavelengths longer than original_max / low_freq_factor are divided by `factor`;
+    shorter than original_max / high_freq_factor are kept; the band between is
+    interpolated smoothly.
     """
     factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
     old_len = s["original_max_position_embeddings"]

@@ -1,7 +1,8 @@
 """The oracle: a plain contiguous KV cache, as inference engines kept it before paging.
 
-Simple and obviously right, so it stays the specification every later optimisation (paging,
-batching, sharing, preemption) must reproduce token for token (`greedy_generate`).
+Simple and obviously right, so it stays the specification every later optimisation
+(paging, batching, sharing, preemption) must reproduce token for token
+(`greedy_generate`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,22 @@ from minipaged.backend import array_module
 
 
 class ContiguousKVCache:
-    """K and V of shape (layers, num_seqs, max_len, kv_heads, head_dim): one slab per sequence,
-    reserved up front whether it is used or not.
+    """K and V of shape (layers, num_seqs, max_len, kv_heads, head_dim): one slab per
+    sequence, reserved up front whether it is used or not.
 
     Call `begin_step(rows, query_lens)` before each forward pass: the pass's tokens are
-    `query_lens[i]` new tokens of the sequence in slab `rows[i]`, in that order. The model then
-    calls this object once per layer with the new q, k, v.
+    `query_lens[i]` new tokens of the sequence in slab `rows[i]`, in that order. The
+    model then calls this object once per layer with the new q, k, v.
     """
 
     def __init__(self, config, num_seqs: int, max_len: int, xp, dtype):
-        shape = (config.num_layers, num_seqs, max_len, config.num_kv_heads, config.head_dim)
+        shape = (
+            config.num_layers,
+            num_seqs,
+            max_len,
+            config.num_kv_heads,
+            config.head_dim,
+        )
         self.k = xp.zeros(shape, dtype=dtype)
         self.v = xp.zeros(shape, dtype=dtype)
         self.max_len = max_len
@@ -34,8 +41,10 @@ class ContiguousKVCache:
         for row, n in zip(rows, query_lens):
             start = self.lengths[row]
             if start + n > self.max_len:
-                raise ValueError(f"sequence in slab {row} would hold {start + n} tokens; "
-                                 f"this cache reserved {self.max_len} per sequence")
+                raise ValueError(
+                    f"sequence in slab {row} would hold {start + n} tokens; "
+                    f"this cache reserved {self.max_len} per sequence"
+                )
             self.step.append((row, start, n))
             self.lengths[row] = start + n
             positions.extend(range(start, start + n))
@@ -46,10 +55,11 @@ class ContiguousKVCache:
         t = 0
         for row, start, n in self.step:
             end = start + n
-            self.k[layer, row, start:end] = k[t:t + n]
-            self.v[layer, row, start:end] = v[t:t + n]
-            out[t:t + n] = causal_attention(q[t:t + n], self.k[layer, row, :end],
-                                            self.v[layer, row, :end], start)
+            self.k[layer, row, start:end] = k[t : t + n]
+            self.v[layer, row, start:end] = v[t : t + n]
+            out[t : t + n] = causal_attention(
+                q[t : t + n], self.k[layer, row, :end], self.v[layer, row, :end], start
+            )
             t += n
         return out
 
@@ -64,20 +74,30 @@ def causal_attention(q, k, v, q_start: int):
     n, H, D = q.shape
     L, KVH, _ = k.shape
     G = H // KVH
-    qg = q.reshape(n, KVH, G, D).transpose(1, 2, 0, 3).astype(xp.float32)   # (KVH, G, n, D)
-    kt = k.transpose(1, 2, 0)[:, None].astype(xp.float32)                    # (KVH, 1, D, L)
-    scores = (qg @ kt) * (1.0 / math.sqrt(D))                                # (KVH, G, n, L)
-    visible = xp.arange(L)[None, :] <= (q_start + xp.arange(n))[:, None]     # (n, L) causal
+    qg = (
+        q.reshape(n, KVH, G, D).transpose(1, 2, 0, 3).astype(xp.float32)
+    )  # (KVH, G, n, D)
+    kt = k.transpose(1, 2, 0)[:, None].astype(xp.float32)  # (KVH, 1, D, L)
+    scores = (qg @ kt) * (1.0 / math.sqrt(D))  # (KVH, G, n, L)
+    visible = (
+        xp.arange(L)[None, :] <= (q_start + xp.arange(n))[:, None]
+    )  # (n, L) causal
     scores = xp.where(visible, scores, -xp.inf)
     scores = xp.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = probs @ v.transpose(1, 0, 2)[:, None].astype(xp.float32)          # (KVH, G, n, D)
+    out = probs @ v.transpose(1, 0, 2)[:, None].astype(xp.float32)  # (KVH, G, n, D)
     return out.transpose(2, 0, 1, 3).reshape(n, H, D).astype(q.dtype)
 
 
-def greedy_generate(model, prompt_ids: list[int], max_tokens: int,
-                    stop_token_ids=(), max_len: int | None = None) -> list[int]:
-    """Greedy tokens for one prompt, run alone with a contiguous cache: the oracle, what the
+def greedy_generate(
+    model,
+    prompt_ids: list[int],
+    max_tokens: int,
+    stop_token_ids=(),
+    max_len: int | None = None,
+) -> list[int]:
+    """Greedy tokens for one prompt, run alone with a contiguous cache: the oracle, what
+    the
     equivalence tests compare the engine's tokens against."""
     xp = model.xp
     max_len = max_len or len(prompt_ids) + max_tokens

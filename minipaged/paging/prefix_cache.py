@@ -1,8 +1,10 @@
-"""The prefix cache (an OS page cache for KV blocks): full blocks are found again by content.
+"""The prefix cache (an OS page cache for KV blocks): full blocks are found again by
+content.
 
-When the block manager places a new prompt, it maps the frames of the prompt's longest cached
-prefix instead of computing them again. When the pool runs dry, a replacement policy
-(paging/replacement.py) picks which parked frame to give up, as an OS picks a page to evict.
+When the block manager places a new prompt, it maps the frames of the prompt's longest
+cached prefix instead of computing them again. When the pool runs dry, a replacement
+policy (paging/replacement.py) picks which parked frame to give up, as an OS picks a
+page to evict.
 """
 
 from __future__ import annotations
@@ -13,32 +15,43 @@ from minipaged.paging.replacement import make_policy
 
 
 def block_hash(prev_hash: int | None, token_ids) -> int:
-    """The name of a full block: its tokens chained to everything before it. The hash runs over
-    (previous block's hash, this block's token ids), so equal hashes mean equal prefixes up to
+    """The name of a full block: its tokens chained to everything before it. The hash
+    runs over (previous block's hash, this block's token ids), so equal hashes mean
+    equal prefixes up to
     that block, and equal prefixes mean equal K and V."""
     return hash((prev_hash, tuple(token_ids)))
 
 
 class PrefixCache:
-    """block hash -> frame, for full blocks only. Frames nobody maps any more (ref count 0)
-    wait in `evictable`, in the order they were parked, until the allocator needs their memory;
+    """block hash -> frame, for full blocks only. Frames nobody maps any more (ref count
+    0) wait in `evictable`, in the order they were parked, until the allocator needs
+       their memory;
     `policy` picks which of them goes first."""
 
     def __init__(self, policy="lru"):
-        self.frame_of: dict[int, int] = {}                # block hash -> frame
-        self.key_of: dict[int, tuple] = {}                # frame -> (prev_hash, token ids)
-        self.evictable: OrderedDict[int, None] = OrderedDict()  # frames with ref count 0, LRU first
+        self.frame_of: dict[int, int] = {}  # block hash -> frame
+        self.key_of: dict[int, tuple] = {}  # frame -> (prev_hash, token ids)
+        self.evictable: OrderedDict[int, None] = (
+            OrderedDict()
+        )  # frames with ref count 0, LRU first
         self.policy = make_policy(policy)
-        self.tier = None  # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
+        # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
+        self.tier = None
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
-        """The frame holding this block, or None. The token ids are compared too, so a hash
+        """The frame holding this block, or None. The token ids are compared too, so a
+        hash
         collision between two different blocks is a miss, not wrong K and V."""
         frame = self.frame_of.get(block_hash(prev_hash, token_ids))
-        return frame if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)) else None
+        return (
+            frame
+            if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids))
+            else None
+        )
 
     def insert(self, frame: int, prev_hash: int | None, token_ids) -> int:
-        """Remember that `frame` holds this full block; returns the block's hash. When another
+        """Remember that `frame` holds this full block; returns the block's hash. When
+        another
         frame already holds the same block, that one stays the cached copy."""
         h = block_hash(prev_hash, token_ids)
         if h not in self.frame_of and frame not in self.key_of:
@@ -51,7 +64,8 @@ class PrefixCache:
         return frame in self.key_of
 
     def park(self, frame: int) -> None:
-        """`frame` lost its last user: keep its content; the most recently parked goes last."""
+        """`frame` lost its last user: keep its content; the most recently parked goes
+        last."""
         self.evictable[frame] = None
         self.policy.parked(frame)
 
@@ -63,7 +77,8 @@ class PrefixCache:
         del self.evictable[frame]
 
     def forget(self, frame: int) -> None:
-        """`frame` does not hold what its name says (its K and V were never computed)."""
+        """`frame` does not hold what its name says (its K and V were never
+        computed)."""
         key = self.key_of.pop(frame, None)
         if key is not None:
             del self.frame_of[block_hash(*key)]
@@ -72,7 +87,9 @@ class PrefixCache:
 
     def evict(self) -> int:
         """Forget the parked frame the policy chooses (LRU: the least recently used) and
-        return it for reuse; with a tier behind the cache, its block is copied there first."""
+        return it for reuse; with a tier behind the cache, its block is copied there
+        first.
+        """
         frame = self.policy.victim(self.evictable)
         del self.evictable[frame]
         key = self.key_of.pop(frame)

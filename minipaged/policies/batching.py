@@ -1,8 +1,9 @@
 """How batches form: Orca's continuous batching, or the static batches before it.
 
-Orca (Yu et al., OSDI 2022) scheduled at each iteration instead of each request: a finished
-sequence leaves at once, a waiting one joins at once. FasterTransformer's static batches formed
-once, reserved the whole run, and kept finished rows as padding. Each field is one such change.
+Orca (Yu et al., OSDI 2022) scheduled at each iteration instead of each request: a
+finished sequence leaves at once, a waiting one joins at once. FasterTransformer's
+static batches formed once, reserved the whole run, and kept finished rows as padding.
+Each field is one such change.
 """
 
 from __future__ import annotations
@@ -13,10 +14,26 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Batching:
     name: str
-    joins_running_batch: bool  # may a request join while others run (else: only an empty batch)?
-    reserves_whole_run: bool   # does admission take every frame the run could need, up front?
-    keeps_finished_rows: bool  # do finished sequences stay in the batch as padding until it ends?
+    joins_running_batch: (
+        bool  # may a request join while others run (else: only an empty batch)?
+    )
+    reserves_whole_run: (
+        bool  # does admission take every frame the run could need, up front?
+    )
+    keeps_finished_rows: (
+        bool  # do finished sequences stay in the batch as padding until it ends?
+    )
 
 
-CONTINUOUS = Batching("continuous", joins_running_batch=True, reserves_whole_run=False, keeps_finished_rows=False)
-STATIC = Batching("static", joins_running_batch=False, reserves_whole_run=True, keeps_finished_rows=True)
+CONTINUOUS = Batching(
+    "continuous",
+    joins_running_batch=True,
+    reserves_whole_run=False,
+    keeps_finished_rows=False,
+)
+STATIC = Batching(
+    "static",
+    joins_running_batch=False,
+    reserves_whole_run=True,
+    keeps_finished_rows=True,
+)

@@ -1,7 +1,9 @@
-"""A draft model with no second checkpoint: the model's own first layers, its final norm and LM head.
+"""A draft model with no second checkpoint: the model's own first layers, its final norm
+and LM head.
 
-The first L layers compute the same K and V as the full model, so the draft reads the target's
-paged cache and writes its guesses' K and V into the guess slots (the target overwrites them).
+The first L layers compute the same K and V as the full model, so the draft reads the
+target's paged cache and writes its guesses' K and V into the guess slots (the target
+overwrites them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ class DraftLayers:
 
     def __init__(self, runner: ModelRunner, num_layers: int):
         self.runner = runner
-        self.model = copy.copy(runner.model)  # shares every weight; only the layer list is shorter
+        self.model = copy.copy(
+            runner.model
+        )  # shares every weight; only the layer list is shorter
         self.model.layers = runner.model.layers[:num_layers]
 
     def propose(self, rows) -> list[list[int]]:
@@ -26,9 +30,16 @@ class DraftLayers:
             active = [i for i, s in enumerate(rows) if len(drafts[i]) < s.extra_slots]
             if not active:
                 return drafts
-            ids = [rows[i].seq.token_ids + drafts[i] for i in active]   # the last one is computed
-            inputs = step_inputs(self.runner.blocks, [rows[i].seq.seq_id for i in active], [1] * len(active),
-                                 [len(t) for t in ids], token_ids=[t[-1:] for t in ids])
-            logits = self.runner.run(inputs, model=self.model)        # (len(active), vocab)
+            ids = [
+                rows[i].seq.token_ids + drafts[i] for i in active
+            ]  # the last one is computed
+            inputs = step_inputs(
+                self.runner.blocks,
+                [rows[i].seq.seq_id for i in active],
+                [1] * len(active),
+                [len(t) for t in ids],
+                token_ids=[t[-1:] for t in ids],
+            )
+            logits = self.runner.run(inputs, model=self.model)  # (len(active), vocab)
             for i, token in zip(active, logits.argmax(axis=-1).tolist()):
                 drafts[i].append(int(token))

@@ -1,7 +1,8 @@
-"""Automata for structured output (meeting 16): a request's regex, JSON schema or choice is
-compiled into a DFA over characters (regex.py, schema.py); the vocabulary, as a trie of token
-texts, is walked from each DFA state once to find the tokens that keep the text a prefix of a
-match: that is the state's mask, and a sequence's Constraint is where it stands in the DFA.
+"""Automata for structured output (meeting 16): a request's regex, JSON schema or choice
+is compiled into a DFA over characters (regex.py, schema.py); the vocabulary, as a trie
+of token texts, is walked from each DFA state once to find the tokens that keep the text
+a prefix of a match: that is the state's mask, and a sequence's Constraint is where it
+stands in the DFA.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from minipaged.structured.schema import any_object, escape, schema_to_regex
 
 
 def regex_of(spec) -> str:
-    """The pattern a StructuredOutputsParams stands for (a ValueError naming its field)."""
+    """The pattern a StructuredOutputsParams stands for (a ValueError naming its
+    field)."""
     if spec.regex is not None:
         return spec.regex
     if spec.choice is not None:
@@ -35,9 +37,14 @@ def regex_of(spec) -> str:
 
 
 def byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet back to bytes: the printable bytes stand for themselves, the
+    """GPT-2's byte-level alphabet back to bytes: the printable bytes stand for
+    themselves, the
     others were moved to code points 256 and up ("Ġ" is the space)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     codes, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -49,13 +56,16 @@ def byte_decoder() -> dict[str, int]:
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
-    """The text each token id adds to an answer; None for a special token, an id past the
-    tokenizer's vocabulary, or a piece of a multi-byte character (such a token is never
+    """The text each token id adds to an answer; None for a special token, an id past
+    the tokenizer's vocabulary, or a piece of a multi-byte character (such a token is
+    never
     allowed: non-ASCII text then comes from whole-character tokens)."""
     hf = tokenizer.hf
     special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
     decoder = byte_decoder()
-    byte_level = "ByteLevel" in json.dumps(json.loads(hf.to_str()).get("decoder"))  # GPT-2's alphabet
+    byte_level = "ByteLevel" in json.dumps(
+        json.loads(hf.to_str()).get("decoder")
+    )  # GPT-2's alphabet
     texts = []
     for i in range(vocab_size):
         piece = hf.id_to_token(i) if i < hf.get_vocab_size() else None
@@ -73,7 +83,8 @@ def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
 
 
 class Vocabulary:
-    """The token texts as a trie: node = (children {char: node}, token ids ending here)."""
+    """The token texts as a trie: node = (children {char: node}, token ids ending
+    here)."""
 
     def __init__(self, texts: list[str | None]):
         self.root: tuple[dict, list] = ({}, [])
@@ -86,8 +97,10 @@ class Vocabulary:
         self.size = len(texts)
 
     def allowed(self, dfa: DFA, state: int) -> np.ndarray:
-        """Every token whose text, read from `state`, leaves the DFA alive: a depth-first walk
-        of the trie that stops at the first character the DFA refuses (the whole subtree goes)."""
+        """Every token whose text, read from `state`, leaves the DFA alive: a
+        depth-first walk of the trie that stops at the first character the DFA refuses
+        (the whole subtree goes).
+        """
         mask = np.zeros(self.size, dtype=bool)
         todo = [(self.root, state)]
         while todo:
@@ -101,7 +114,8 @@ class Vocabulary:
 
 
 class Automaton:
-    """One compiled constraint: its DFA, and each visited state's mask (computed once)."""
+    """One compiled constraint: its DFA, and each visited state's mask (computed
+    once)."""
 
     def __init__(self, dfa: DFA, vocabulary: Vocabulary, eos_token_ids):
         self.dfa, self.vocabulary = dfa, vocabulary
@@ -114,9 +128,13 @@ class Automaton:
                 self.masks[state] = np.zeros(self.vocabulary.size, dtype=bool)
             else:
                 mask = self.vocabulary.allowed(self.dfa, state)
-                mask[self.eos] = self.dfa.accepting(state)   # the end, once the text is a whole match
+                mask[self.eos] = self.dfa.accepting(
+                    state
+                )  # the end, once the text is a whole match
                 self.masks[state] = mask
-            self.masks[state].flags.writeable = False         # shared by every sequence at this state
+            self.masks[
+                state
+            ].flags.writeable = False  # shared by every sequence at this state
         return self.masks[state]
 
 
@@ -132,7 +150,9 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         text = self.texts[token] if 0 <= token < len(self.texts) else None
-        if self.state == DEAD or text is None:   # an end-of-sequence token (or a special one): done
+        if (
+            self.state == DEAD or text is None
+        ):  # an end-of-sequence token (or a special one): done
             self.state = DEAD
             return
         self.state = self.automaton.dfa.walk(self.state, text)
@@ -146,8 +166,11 @@ class Constraint:
 
 
 class Automata:
-    """The structured-output backend (EngineConfig.structured_outputs_backend="automata"): the
-    vocabulary's texts and trie, built once; one Automaton per distinct constraint (cached)."""
+    """The structured-output backend
+    (EngineConfig.structured_outputs_backend="automata"): the vocabulary's texts and
+    trie, built once; one Automaton per distinct constraint (cached).
+    """
+
     name = "automata"
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids=()):
@@ -157,19 +180,35 @@ class Automata:
         self.cache: dict[str, Automaton] = {}
 
     def compile(self, spec) -> Constraint:
-        """A fresh Constraint at the start of `spec`'s automaton (ValueError: a bad pattern or schema)."""
+        """A fresh Constraint at the start of `spec`'s automaton (ValueError: a bad
+        pattern or schema)."""
         key = spec.key()
         if key not in self.cache:
             pattern = regex_of(spec)
             try:
                 dfa = compile_regex(pattern)
             except ValueError as error:
-                field = "regex" if spec.regex is not None else "json" if spec.json is not None else "choice"
+                field = (
+                    "regex"
+                    if spec.regex is not None
+                    else "json"
+                    if spec.json is not None
+                    else "choice"
+                )
                 raise ValueError(f"structured_outputs.{field}: {error}") from None
             self.cache[key] = Automaton(dfa, self.vocabulary, self.eos_token_ids)
         automaton = self.cache[key]
         return Constraint(automaton, self.texts, automaton.dfa.start)
 
 
-__all__ = ["Automata", "Automaton", "Constraint", "Vocabulary", "compile_regex", "regex_of", "schema_to_regex",
-           "token_texts", "DEAD"]
+__all__ = [
+    "Automata",
+    "Automaton",
+    "Constraint",
+    "Vocabulary",
+    "compile_regex",
+    "regex_of",
+    "schema_to_regex",
+    "token_texts",
+    "DEAD",
+]

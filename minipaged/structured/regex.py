@@ -1,19 +1,24 @@
-"""Regular expressions as automata (Kleene 1956): a pattern is parsed, built into an NFA by
-Thompson's construction (CACM 1968), and run as a DFA whose states are sets of NFA states,
-each found the first time a character leads there (the subset construction, done lazily).
+"""Regular expressions as automata (Kleene 1956): a pattern is parsed, built into an NFA
+by Thompson's construction (CACM 1968), and run as a DFA whose states are sets of NFA
+states, each found the first time a character leads there (the subset construction, done
+lazily).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DEAD = -1           # the DFA state of a text that no match can start with
-MAX_REPEAT = 1000   # {m,n} copies the repeated part: bounded, so a pattern cannot fill memory
+DEAD = -1  # the DFA state of a text that no match can start with
+MAX_REPEAT = (
+    1000  # {m,n} copies the repeated part: bounded, so a pattern cannot fill memory
+)
 
 
 @dataclass(frozen=True)
 class Chars:
-    """A set of characters: code point ranges [lo, hi], or everything but them (negated)."""
+    """A set of characters: code point ranges [lo, hi], or everything but them
+    (negated)."""
+
     ranges: tuple[tuple[int, int], ...]
     negated: bool = False
 
@@ -28,16 +33,25 @@ def one(ch: str) -> Chars:
 
 DIGIT, WORD = Chars(((48, 57),)), Chars(((48, 57), (65, 90), (95, 95), (97, 122)))
 SPACE = Chars(((9, 13), (32, 32)))
-CLASSES = {"d": DIGIT, "w": WORD, "s": SPACE, "D": Chars(DIGIT.ranges, True), "W": Chars(WORD.ranges, True),
-           "S": Chars(SPACE.ranges, True)}
+CLASSES = {
+    "d": DIGIT,
+    "w": WORD,
+    "s": SPACE,
+    "D": Chars(DIGIT.ranges, True),
+    "W": Chars(WORD.ranges, True),
+    "S": Chars(SPACE.ranges, True),
+}
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "0": "\0"}
 ANY = Chars(((10, 10),), True)  # `.`: anything but a newline
 
 
-# ---- the parser: pattern -> a tree of ("chars", Chars) ("cat", [..]) ("alt", [..]) ("rep", x, m, n)
+# ---- the parser: pattern -> a tree of ("chars", Chars) ("cat", [..]) ("alt", [..])
+# ("rep", x, m, n)
+
 
 class Parser:
-    """Recursive descent over the pattern: alternation, concatenation, repetition, atoms."""
+    """Recursive descent over the pattern: alternation, concatenation, repetition,
+    atoms."""
 
     def __init__(self, pattern: str):
         self.p, self.i = pattern, 0
@@ -55,7 +69,7 @@ class Parser:
         return self.p[self.i - 1]
 
     def parse(self):
-        if self.p.startswith("^"):   # the whole text must match anyway
+        if self.p.startswith("^"):  # the whole text must match anyway
             self.i = 1
         tree = self.alternation()
         if self.i < len(self.p):
@@ -83,28 +97,36 @@ class Parser:
         while self.peek() in ("*", "+", "?", "{"):
             start = self.i
             op = self.take()
-            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(op, (None, None))
+            low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(
+                op, (None, None)
+            )
             if op == "{":
                 low, high = self.counts(start)
-                if low is None:   # a "{" that is not a count is a literal, as in Python's re
+                if (
+                    low is None
+                ):  # a "{" that is not a count is a literal, as in Python's re
                     self.i = start
                     return ("cat", [node, self.literal()])
             if self.peek() in ("?", "+"):
-                raise self.error("lazy and possessive quantifiers (*?, ++) are not supported")
+                raise self.error(
+                    "lazy and possessive quantifiers (*?, ++) are not supported"
+                )
             node = ("rep", node, low, high)
         return node
 
     def counts(self, start: int):
         """{m}, {m,}, {m,n} after the "{"; (None, None) if it is not a count."""
         end = self.p.find("}", self.i)
-        body = self.p[self.i:end] if end >= 0 else ""
+        body = self.p[self.i : end] if end >= 0 else ""
         low, comma, high = body.partition(",")
         if not low.isdigit() or (high and not high.isdigit()):
             return None, None
         self.i = end + 1
         low, high = int(low), (int(high) if high else None) if comma else int(low)
         if high is not None and high < low or max(low, high or 0) > MAX_REPEAT:
-            raise self.error(f"the count {{{body}}} is out of order or above {MAX_REPEAT}")
+            raise self.error(
+                f"the count {{{body}}} is out of order or above {MAX_REPEAT}"
+            )
         return low, high
 
     def atom(self):
@@ -114,7 +136,10 @@ class Parser:
             if self.p.startswith("?:", self.i):
                 self.i += 2
             elif self.peek() == "?":
-                raise self.error("lookarounds and named groups ((?=, (?!, (?P<...>) are not supported")
+                raise self.error(
+                    "lookarounds and named groups ((?=, (?!, (?P<...>) are not"
+                    " supported"
+                )
             inner = self.alternation()
             if self.peek() != ")":
                 raise self.error("an unclosed '('")
@@ -142,8 +167,10 @@ class Parser:
             return one(ESCAPES[ch])
         if ch in ("u", "x"):  # \uXXXX, \xXX
             size = 4 if ch == "u" else 2
-            digits = self.p[self.i:self.i + size]
-            if len(digits) != size or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            digits = self.p[self.i : self.i + size]
+            if len(digits) != size or any(
+                c not in "0123456789abcdefABCDEF" for c in digits
+            ):
                 raise self.error(f"\\{ch} needs {size} hex digits")
             self.i += size
             return one(chr(int(digits, 16)))
@@ -170,7 +197,7 @@ class Parser:
                     ranges += part.ranges
                     continue
                 ch = chr(part.ranges[0][0])
-            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+            if self.peek() == "-" and self.p[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.take()
                 end = self.take()
                 end = chr(self.escape().ranges[0][0]) if end == "\\" else end
@@ -183,12 +210,16 @@ class Parser:
         return Chars(tuple(ranges), negated)
 
 
-# ---- Thompson's construction: each part of the tree becomes a fragment (start, end) ----------
+# ---- Thompson's construction: each part of the tree becomes a fragment (start, end)
+# ----------
+
 
 @dataclass
 class NFA:
-    """States 0..n-1: `eps[s]` the states s reaches reading nothing, `edges[s]` its (Chars,
+    """States 0..n-1: `eps[s]` the states s reaches reading nothing, `edges[s]` its
+    (Chars,
     target) edges; one start and one accepting end. Every state can reach the end."""
+
     eps: list[list[int]] = field(default_factory=list)
     edges: list[list[tuple[Chars, int]]] = field(default_factory=list)
     start: int = 0
@@ -200,7 +231,8 @@ class NFA:
         return len(self.eps) - 1
 
     def build(self, node) -> tuple[int, int]:
-        """A fragment for `node`: (its start, its end), the end not yet connected onwards."""
+        """A fragment for `node`: (its start, its end), the end not yet connected
+        onwards."""
         kind = node[0]
         s = self.state()
         if kind == "chars":
@@ -221,7 +253,9 @@ class NFA:
                 self.eps[s].append(a)
                 self.eps[b].append(e)
             return s, e
-        _, inner, low, high = node  # "rep": low copies, then (high - low) optional ones or a loop
+        _, inner, low, high = (
+            node  # "rep": low copies, then (high - low) optional ones or a loop
+        )
         e = s
         for _ in range(low):
             a, b = self.build(inner)
@@ -245,8 +279,10 @@ class NFA:
 
 
 class DFA:
-    """The NFA run as a DFA: a state is the set of NFA states a text leads to, numbered the
-    first time it is found; `step(state, ch)` computes a transition once, then remembers it."""
+    """The NFA run as a DFA: a state is the set of NFA states a text leads to, numbered
+    the first time it is found; `step(state, ch)` computes a transition once, then
+    remembers it.
+    """
 
     def __init__(self, pattern: str):
         nfa = NFA()
@@ -282,7 +318,12 @@ class DFA:
             return DEAD
         moves = self.moves[state]
         if ch not in moves:
-            targets = {t for s in self.sets[state] for chars, t in self.nfa.edges[s] if ch in chars}
+            targets = {
+                t
+                for s in self.sets[state]
+                for chars, t in self.nfa.edges[s]
+                if ch in chars
+            }
             moves[ch] = self.number(self.closure(targets))
         return moves[ch]
 
@@ -301,7 +342,8 @@ class DFA:
 
 
 def compile_regex(pattern: str) -> DFA:
-    """The automaton of a pattern (a ValueError saying what and where if it is not one)."""
+    """The automaton of a pattern (a ValueError saying what and where if it is not
+    one)."""
     if not isinstance(pattern, str):
         raise ValueError(f"a regex must be a string, got {pattern!r:.80}")
     return DFA(pattern)

@@ -1,7 +1,7 @@
 """Lab 3's cases: a file as a participant writes it from the hints, and the catalogue of
 plausible mistakes, each caught by the property it names (tests/test_labs.py)."""
 
-WRITTEN = '''
+WRITTEN = """
 from minipaged import paging
 
 
@@ -33,38 +33,94 @@ class PrefixCache(paging.PrefixCache):
         frame, _ = self.evictable.popitem(last=False)
         del self.frame_of[block_hash(*self.key_of.pop(frame))]
         return frame
-'''
+"""
 
-# (the mistake, in a few words; text of WRITTEN; what replaces it; the property that must catch it)
+# (the mistake, in a few words; text of WRITTEN; what replaces it; the property that
+# must catch it)
 MISTAKES = [
-    ('block_hash of a list, which Python cannot hash', 'return hash((prev_hash, tuple(token_ids)))', 'return hash((prev_hash, token_ids))',
-     'block_hash gives one int per block, for a list or a tuple alike'),
-    ('block_hash of the tokens only, not chained to the block before', 'return hash((prev_hash, tuple(token_ids)))',
-     'return hash(tuple(token_ids))', "a block's hash chains every block before it"),
-    ('lookup trusts the hash and does not compare the tokens',
-     'if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)):', 'if frame is not None:',
-     'lookup compares the tokens: a hash collision is a miss'),
-    ('insert overwrites a block cached already in another frame', 'if h not in self.frame_of and frame not in self.key_of:',
-     'if frame not in self.key_of:', 'lookup finds what insert stored, and only that'),
-    ('insert overwrites what a cached frame holds', 'if h not in self.frame_of and frame not in self.key_of:',
-     'if h not in self.frame_of:', 'lookup finds what insert stored, and only that'),
-    ('insert forgets to return the hash', '            self.key_of[frame] = (prev_hash, tuple(token_ids))\n        return h\n',
-     '            self.key_of[frame] = (prev_hash, tuple(token_ids))\n', 'lookup finds what insert stored, and only that'),
-    ('park and revive swapped', '    def park(self, frame):\n        self.evictable[frame] = None\n\n    def revive(self, frame):\n'
-     '        del self.evictable[frame]\n', '    def park(self, frame):\n        del self.evictable[frame]\n\n'
-     '    def revive(self, frame):\n        self.evictable[frame] = None\n',
-     'released blocks stay findable until evicted, least recently used first'),
-    ('evict takes the most recently used frame (MRU)', 'self.evictable.popitem(last=False)', 'self.evictable.popitem()',
-     'released blocks stay findable until evicted, least recently used first'),
-    ('evict keeps key_of (does not pop it)', 'block_hash(*self.key_of.pop(frame))', 'block_hash(*self.key_of[frame])',
-     'released blocks stay findable until evicted, least recently used first'),
-    ('evict forgets key_of but leaves the hash in frame_of', '        del self.frame_of[block_hash(*self.key_of.pop(frame))]\n',
-     '        self.key_of.pop(frame)\n', 'released blocks stay findable until evicted, least recently used first'),
-    ('evict leaves the frame in evictable', 'frame, _ = self.evictable.popitem(last=False)', 'frame = next(iter(self.evictable))',
-     'released blocks stay findable until evicted, least recently used first'),
-    ('revive does nothing', '        del self.evictable[frame]\n', '        pass\n',
-     'a hit revives a parked frame: it is not evicted while mapped'),
+    (
+        "block_hash of a list, which Python cannot hash",
+        "return hash((prev_hash, tuple(token_ids)))",
+        "return hash((prev_hash, token_ids))",
+        "block_hash gives one int per block, for a list or a tuple alike",
+    ),
+    (
+        "block_hash of the tokens only, not chained to the block before",
+        "return hash((prev_hash, tuple(token_ids)))",
+        "return hash(tuple(token_ids))",
+        "a block's hash chains every block before it",
+    ),
+    (
+        "lookup trusts the hash and does not compare the tokens",
+        "if frame is not None and self.key_of[frame] == (prev_hash, tuple(token_ids)):",
+        "if frame is not None:",
+        "lookup compares the tokens: a hash collision is a miss",
+    ),
+    (
+        "insert overwrites a block cached already in another frame",
+        "if h not in self.frame_of and frame not in self.key_of:",
+        "if frame not in self.key_of:",
+        "lookup finds what insert stored, and only that",
+    ),
+    (
+        "insert overwrites what a cached frame holds",
+        "if h not in self.frame_of and frame not in self.key_of:",
+        "if h not in self.frame_of:",
+        "lookup finds what insert stored, and only that",
+    ),
+    (
+        "insert forgets to return the hash",
+        (
+            "            self.key_of[frame] = (prev_hash, tuple(token_ids))\n       "
+            " return h\n"
+        ),
+        "            self.key_of[frame] = (prev_hash, tuple(token_ids))\n",
+        "lookup finds what insert stored, and only that",
+    ),
+    (
+        "park and revive swapped",
+        (
+            "    def park(self, frame):\n        self.evictable[frame] = None\n\n   "
+            " def revive(self, frame):\n        del self.evictable[frame]\n"
+        ),
+        (
+            "    def park(self, frame):\n        del self.evictable[frame]\n\n"
+            "    def revive(self, frame):\n        self.evictable[frame] = None\n"
+        ),
+        "released blocks stay findable until evicted, least recently used first",
+    ),
+    (
+        "evict takes the most recently used frame (MRU)",
+        "self.evictable.popitem(last=False)",
+        "self.evictable.popitem()",
+        "released blocks stay findable until evicted, least recently used first",
+    ),
+    (
+        "evict keeps key_of (does not pop it)",
+        "block_hash(*self.key_of.pop(frame))",
+        "block_hash(*self.key_of[frame])",
+        "released blocks stay findable until evicted, least recently used first",
+    ),
+    (
+        "evict forgets key_of but leaves the hash in frame_of",
+        "        del self.frame_of[block_hash(*self.key_of.pop(frame))]\n",
+        "        self.key_of.pop(frame)\n",
+        "released blocks stay findable until evicted, least recently used first",
+    ),
+    (
+        "evict leaves the frame in evictable",
+        "frame, _ = self.evictable.popitem(last=False)",
+        "frame = next(iter(self.evictable))",
+        "released blocks stay findable until evicted, least recently used first",
+    ),
+    (
+        "revive does nothing",
+        "        del self.evictable[frame]\n",
+        "        pass\n",
+        "a hit revives a parked frame: it is not evicted while mapped",
+    ),
 ]
 
-# the line that opens a method body: the loop, crash and exit tests put a statement after it
-BREAK_AT = '    def lookup(self, prev_hash, token_ids):\n'
+# the line that opens a method body: the loop, crash and exit tests put a statement
+# after it
+BREAK_AT = "    def lookup(self, prev_hash, token_ids):\n"

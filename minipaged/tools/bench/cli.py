@@ -1,8 +1,9 @@
 """`python -m minipaged.bench NAME [--json]`: the command line of every benchmark.
 
-Each benchmark is a function `bench_<name>(args) -> dict` in its own module, registered below
-with its options; it prints a human summary itself (unless args.json) and returns what --json
-prints. Progress bars go to stderr, so stdout holds only the table or the JSON.
+Each benchmark is a function `bench_<name>(args) -> dict` in its own module, registered
+below with its options; it prints a human summary itself (unless args.json) and returns
+what --json prints. Progress bars go to stderr, so stdout holds only the table or the
+JSON.
 """
 
 from __future__ import annotations
@@ -12,11 +13,24 @@ import json
 import sys
 
 from minipaged.llm import CommandParser
-from minipaged.tools.bench import drum
-from minipaged.tools.bench import replacement
-from minipaged.tools.bench import decode, kernel, latency, memory, paper, projections, serve, sharing, speculative, throughput
-from minipaged.tools.bench import scheduling, thrashing
-from minipaged.tools.bench import kv_dtype, structured
+from minipaged.tools.bench import (
+    decode,
+    drum,
+    kernel,
+    kv_dtype,
+    latency,
+    memory,
+    paper,
+    projections,
+    replacement,
+    scheduling,
+    serve,
+    sharing,
+    speculative,
+    structured,
+    thrashing,
+    throughput,
+)
 from minipaged.tools.bench.common import OptionError, check_output_files
 
 DESCRIPTION = """\
@@ -37,84 +51,202 @@ through make: make bench-decode, bench-memory, bench-throughput, bench-sharing, 
 bench-kernel."""
 
 COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it takes)
-    "decode": (decode.bench_decode, decode.add_arguments,
-               "decode speed: tokens/s of --batch greedy streams after one prefill",
-               "about 5 s (10 s at --batch 16)"),
-    "projections": (projections.bench_projections, projections.add_arguments,
-                    "a decode step's weight products on the CPU, each way (matrix-vector per row, BLAS's "
-                    "GEMM, panels on one core and split over the cores) for --rows rows, in GB/s beside the "
-                    "copy bandwidth: why the engine computes them as it does", "about 15 s"),
-    "memory": (memory.bench_memory, memory.add_arguments,
-               "KV-cache utilization: paging vs reserving max_model_len slots per request (no model: "
-               "the block managers alone)", "about 1 s"),
-    "kernel": (kernel.bench_kernel, kernel.add_arguments,
-               "paged-attention decode kernels on a GPU: GB/s and % of peak memory bandwidth per "
-               "version, next to dense attention (needs a CUDA device)",
-               "under a minute on a GPU; without one it stops at once, saying so"),
-    "throughput": (throughput.bench_throughput, throughput.add_arguments,
-                   "continuous vs static batching on one mixed-length workload: tokens/s", "about 4 min"),
-    "sharing": (sharing.bench_sharing, sharing.add_arguments,
-                "frames saved by fork + copy-on-write: parallel sampling and beam search", "about 7 min"),
-    "serve": (serve.bench_serve, serve.add_arguments,
-              "the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency percentiles, "
-              "continuous vs static batching, and the in-process engine on the same requests; --workload "
-              "room: participants' short-request latency beside a client flooding the server's defaults",
-              "about 6 min, 2 min for the room"),
-    "fragmentation": (paper.bench_fragmentation, paper.fragmentation_arguments,
-                      "the paper's Figure 2: KV slots holding tokens, reserved, internal and external "
-                      "fragmentation, Orca's contiguous allocators vs paging (simulated, real scheduler)",
-                      "about 15 s"),
-    "chunked": (paper.bench_chunked, paper.chunked_arguments,
-                "decode time per output token (p50/p99) while long prompts arrive, with and without "
-                "chunked prefill", "about 2 min"),
-    "latency": (latency.bench_latency, latency.latency_arguments,
-                "the paper's Figure 12 on the real engine: normalized latency against Poisson request "
-                "rate, paged vs contiguous-oracle vs static, and the shortest quarter's e2e (--predict: "
-                "the simulator beside it)", "about 6 min"),
-    "speculative": (speculative.bench_speculative, speculative.add_arguments,
-                    "speculative decoding (n-gram lookup, draft layers) vs plain decoding: acceptance, "
-                    "tokens per target forward, tokens/s, where lookup fits (rewriting) and where not (chat)",
-                    "about 4 min"),
-    "kv-dtype": (kv_dtype.bench_kv_dtype, kv_dtype.add_arguments,
-                 "compressed memory: the 8-bit KV cache (kv_cache_dtype int8, fp8) vs full precision: frames "
-                 "per GiB, greedy agreement per prompt (first divergence), perplexity change, decode tok/s "
-                 "(--kernel: v7's GB/s on a GPU)", "about 30 s"),
-    "structured": (structured.bench_structured, structured.add_arguments,
-                   "automata: structured output (a JSON schema, any JSON object, a regex, a choice) on the real "
-                   "model, the share of answers that parse and fit without and with the automaton's mask, and "
-                   "what the mask costs per step at batch 1 and 16", "about 2 min"),
-    "drum": (drum.bench_drum, drum.add_arguments,
-             "the drum: prefix-cache blocks the KV pool evicts kept in a tier of host frames "
-             "(kv_offload_frames) or a file: time to first token of returning chat turns, with and "
-             "without it, and the tier's hit rate", "about 3 min"),
-    "scheduling": (scheduling.bench_scheduling, scheduling.add_arguments,
-                   "the waiting queue's order (fcfs, sjf, aging, priority) when short and long requests mix: "
-                   "p50/p99 latency of the shortest and longest quarter, the longest wait; engine and simulator",
-                   "about 2 min"),
-    "thrashing": (thrashing.bench_thrashing, thrashing.add_arguments,
-                  "too many sequences in too little KV memory: goodput, preemptions and recomputed tokens "
-                  "against max_num_seqs, and working-set admission untuned; engine and simulator",
-                  "about 3 min"),
-    "replacement": (replacement.bench_replacement, replacement.add_arguments,
-                    "page replacement for the prefix cache: hit rate and prefill tokens saved against pool "
-                    "size on a multi-turn chat trace, LRU, FIFO, CLOCK and random beside Belady's MIN, and "
-                    "a search for FIFO's anomaly (no model: the block managers alone)", "about 30 s"),
-    "calibrate": (latency.bench_calibrate, latency.calibrate_arguments,
-                  "fit the simulator's cpu-smollm2 step-time model to timed engine steps", "about 1 min"),
+    "decode": (
+        decode.bench_decode,
+        decode.add_arguments,
+        "decode speed: tokens/s of --batch greedy streams after one prefill",
+        "about 5 s (10 s at --batch 16)",
+    ),
+    "projections": (
+        projections.bench_projections,
+        projections.add_arguments,
+        (
+            "a decode step's weight products on the CPU, each way (matrix-vector per"
+            " row, BLAS's GEMM, panels on one core and split over the cores) for --rows"
+            " rows, in GB/s beside the copy bandwidth: why the engine computes them as"
+            " it does"
+        ),
+        "about 15 s",
+    ),
+    "memory": (
+        memory.bench_memory,
+        memory.add_arguments,
+        (
+            "KV-cache utilization: paging vs reserving max_model_len slots per request"
+            " (no model: the block managers alone)"
+        ),
+        "about 1 s",
+    ),
+    "kernel": (
+        kernel.bench_kernel,
+        kernel.add_arguments,
+        (
+            "paged-attention decode kernels on a GPU: GB/s and % of peak memory"
+            " bandwidth per version, next to dense attention (needs a CUDA device)"
+        ),
+        "under a minute on a GPU; without one it stops at once, saying so",
+    ),
+    "throughput": (
+        throughput.bench_throughput,
+        throughput.add_arguments,
+        "continuous vs static batching on one mixed-length workload: tokens/s",
+        "about 4 min",
+    ),
+    "sharing": (
+        sharing.bench_sharing,
+        sharing.add_arguments,
+        "frames saved by fork + copy-on-write: parallel sampling and beam search",
+        "about 7 min",
+    ),
+    "serve": (
+        serve.bench_serve,
+        serve.add_arguments,
+        (
+            "the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency"
+            " percentiles, continuous vs static batching, and the in-process engine on"
+            " the same requests; --workload room: participants' short-request latency"
+            " beside a client flooding the server's defaults"
+        ),
+        "about 6 min, 2 min for the room",
+    ),
+    "fragmentation": (
+        paper.bench_fragmentation,
+        paper.fragmentation_arguments,
+        (
+            "the paper's Figure 2: KV slots holding tokens, reserved, internal and"
+            " external fragmentation, Orca's contiguous allocators vs paging"
+            " (simulated, real scheduler)"
+        ),
+        "about 15 s",
+    ),
+    "chunked": (
+        paper.bench_chunked,
+        paper.chunked_arguments,
+        (
+            "decode time per output token (p50/p99) while long prompts arrive, with and"
+            " without chunked prefill"
+        ),
+        "about 2 min",
+    ),
+    "latency": (
+        latency.bench_latency,
+        latency.latency_arguments,
+        (
+            "the paper's Figure 12 on the real engine: normalized latency against"
+            " Poisson request rate, paged vs contiguous-oracle vs static, and the"
+            " shortest quarter's e2e (--predict: the simulator beside it)"
+        ),
+        "about 6 min",
+    ),
+    "speculative": (
+        speculative.bench_speculative,
+        speculative.add_arguments,
+        (
+            "speculative decoding (n-gram lookup, draft layers) vs plain decoding:"
+            " acceptance, tokens per target forward, tokens/s, where lookup fits"
+            " (rewriting) and where not (chat)"
+        ),
+        "about 4 min",
+    ),
+    "kv-dtype": (
+        kv_dtype.bench_kv_dtype,
+        kv_dtype.add_arguments,
+        (
+            "compressed memory: the 8-bit KV cache (kv_cache_dtype int8, fp8) vs full"
+            " precision: frames per GiB, greedy agreement per prompt (first"
+            " divergence), perplexity change, decode tok/s (--kernel: v7's GB/s on a"
+            " GPU)"
+        ),
+        "about 30 s",
+    ),
+    "structured": (
+        structured.bench_structured,
+        structured.add_arguments,
+        (
+            "automata: structured output (a JSON schema, any JSON object, a regex, a"
+            " choice) on the real model, the share of answers that parse and fit"
+            " without and with the automaton's mask, and what the mask costs per step"
+            " at batch 1 and 16"
+        ),
+        "about 2 min",
+    ),
+    "drum": (
+        drum.bench_drum,
+        drum.add_arguments,
+        (
+            "the drum: prefix-cache blocks the KV pool evicts kept in a tier of host"
+            " frames (kv_offload_frames) or a file: time to first token of returning"
+            " chat turns, with and without it, and the tier's hit rate"
+        ),
+        "about 3 min",
+    ),
+    "scheduling": (
+        scheduling.bench_scheduling,
+        scheduling.add_arguments,
+        (
+            "the waiting queue's order (fcfs, sjf, aging, priority) when short and long"
+            " requests mix: p50/p99 latency of the shortest and longest quarter, the"
+            " longest wait; engine and simulator"
+        ),
+        "about 2 min",
+    ),
+    "thrashing": (
+        thrashing.bench_thrashing,
+        thrashing.add_arguments,
+        (
+            "too many sequences in too little KV memory: goodput, preemptions and"
+            " recomputed tokens against max_num_seqs, and working-set admission"
+            " untuned; engine and simulator"
+        ),
+        "about 3 min",
+    ),
+    "replacement": (
+        replacement.bench_replacement,
+        replacement.add_arguments,
+        (
+            "page replacement for the prefix cache: hit rate and prefill tokens saved"
+            " against pool size on a multi-turn chat trace, LRU, FIFO, CLOCK and random"
+            " beside Belady's MIN, and a search for FIFO's anomaly (no model: the block"
+            " managers alone)"
+        ),
+        "about 30 s",
+    ),
+    "calibrate": (
+        latency.bench_calibrate,
+        latency.calibrate_arguments,
+        "fit the simulator's cpu-smollm2 step-time model to timed engine steps",
+        "about 1 min",
+    ),
 }
 
 
 def build_parser() -> CommandParser:
     """The command line: one subcommand per registered benchmark, each with --json."""
-    parser = CommandParser(prog="python -m minipaged.bench", description=DESCRIPTION,
-                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="name", required=True, title="benchmarks", metavar="BENCHMARK")
+    parser = CommandParser(
+        prog="python -m minipaged.bench",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(
+        dest="name", required=True, title="benchmarks", metavar="BENCHMARK"
+    )
     for name, (fn, add_arguments, help, takes) in COMMANDS.items():
-        p = sub.add_parser(name, help=f"{help} ({takes})".replace("%", "%%"),
-                           description=f"{help[0].upper()}{help[1:]}. {fn.__doc__ or ''} "
-                                       f"With the defaults it takes {takes}.")
-        p.add_argument("--json", action="store_true",
-                       help="print the result as one JSON document on stdout, instead of the table")
+        p = sub.add_parser(
+            name,
+            help=f"{help} ({takes})".replace("%", "%%"),
+            description=(
+                f"{help[0].upper()}{help[1:]}. {fn.__doc__ or ''} "
+                f"With the defaults it takes {takes}."
+            ),
+        )
+        p.add_argument(
+            "--json",
+            action="store_true",
+            help=(
+                "print the result as one JSON document on stdout, instead of the table"
+            ),
+        )
         add_arguments(p)
     return parser
 
@@ -124,9 +256,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     fn = COMMANDS[args.name][0]
     try:
-        check_output_files(args)  # before any work: a file it could not write at the end is refused now
+        check_output_files(
+            args
+        )  # before any work: a file it could not write at the end is refused now
         result = fn(args)
-    except OptionError as error:  # found after parsing: one line, exit code 2, as the parser's
+    except (
+        OptionError
+    ) as error:  # found after parsing: one line, exit code 2, as the parser's
         CommandParser(prog=f"{parser.prog} {args.name}").error(str(error))
     except SystemExit as stop:  # a benchmark that cannot run here says why: as JSON too
         if args.json and isinstance(stop.code, str):

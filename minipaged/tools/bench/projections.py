@@ -1,7 +1,8 @@
-"""`python -m minipaged.bench projections`: one decode step's weight products, each way a CPU
-can compute them (matrix-vector per row, BLAS's GEMM, panels on one core or split over the
-cores), for a few row counts, in GB/s beside the copy bandwidth: the evidence behind
-`minipaged.model.cpu.projection_path`, and what a split's hand-off to a second thread costs.
+"""`python -m minipaged.bench projections`: one decode step's weight products, each way
+a CPU can compute them (matrix-vector per row, BLAS's GEMM, panels on one core or split
+over the cores), for a few row counts, in GB/s beside the copy bandwidth: the evidence
+behind `minipaged.model.cpu.projection_path`, and what a split's hand-off to a second
+thread costs.
 """
 
 from __future__ import annotations
@@ -10,43 +11,78 @@ import time
 
 import numpy as np
 
+from minipaged.llm import number
 from minipaged.tools.bench.common import OptionError, load, model_arguments
 from minipaged.tools.bench.decode import best_time, machine_limits
-from minipaged.llm import number
 
 WAYS = {  # name -> what it is, for the table's footnote
-    "matrix-vector per row": "BLAS's matrix-vector code once per row, each reading the whole weight",
-    "blas gemm": "x @ w on the (in, out) matrix: BLAS chooses (its matrix-vector code for one row)",
-    "panels, one core": "the (out, in) layout as panels of PANEL rows, OpenBLAS's small products, one thread",
-    "panels, split": "the same panels split over the free cores, half handed to a helper thread",
+    "matrix-vector per row": (
+        "BLAS's matrix-vector code once per row, each reading the whole weight"
+    ),
+    "blas gemm": (
+        "x @ w on the (in, out) matrix: BLAS chooses (its matrix-vector code for one"
+        " row)"
+    ),
+    "panels, one core": (
+        "the (out, in) layout as panels of PANEL rows, OpenBLAS's small products, one"
+        " thread"
+    ),
+    "panels, split": (
+        "the same panels split over the free cores, half handed to a helper thread"
+    ),
 }
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--rows", type=number(int, 1), nargs="+", default=[1, 2, 4, 8, 16],
-                        help="rows of x (sequences in a decode step), one measurement each "
-                             "(default %(default)s)")
-    parser.add_argument("--repeats", type=number(int, 1), default=5,
-                        help="timed passes over the step's products per way; the fastest counts "
-                             "(default %(default)s)")
+    parser.add_argument(
+        "--rows",
+        type=number(int, 1),
+        nargs="+",
+        default=[1, 2, 4, 8, 16],
+        help=(
+            "rows of x (sequences in a decode step), one measurement each "
+            "(default %(default)s)"
+        ),
+    )
+    parser.add_argument(
+        "--repeats",
+        type=number(int, 1),
+        default=5,
+        help=(
+            "timed passes over the step's products per way; the fastest counts "
+            "(default %(default)s)"
+        ),
+    )
     model_arguments(parser)
 
 
 def bench_projections(args) -> dict:
-    """Loads the model on the CPU, then for each --rows count times every way of computing a
-    step's projections (the model's 4 per layer and the vocabulary's), and prints a table: time,
+    """Loads the model on the CPU, then for each --rows count times every way of
+    computing a step's projections (the model's 4 per layer and the vocabulary's), and
+    prints a table: time,
     GB/s read, share of the copy bandwidth, and which way the engine takes."""
     from minipaged.model import cpu
 
     if args.device == "cuda":
-        raise OptionError("bench projections measures the CPU's ways; on a GPU cuBLAS has one")
+        raise OptionError(
+            "bench projections measures the CPU's ways; on a GPU cuBLAS has one"
+        )
     llm, threads = load(args, max_num_seqs=max(64, *args.rows))
     if llm.device != "cpu":
-        raise OptionError("bench projections measures the CPU's ways; give --device cpu")
+        raise OptionError(
+            "bench projections measures the CPU's ways; give --device cpu"
+        )
     model = llm.model
-    weights = [w for layer in model.layers for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    weights = [
+        w
+        for layer in model.layers
+        for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+    ]
     weights.append(model.lm_head)
-    weights = [w if isinstance(w, cpu.PanelWeight) else cpu.PanelWeight(np.asarray(w)) for w in weights]
+    weights = [
+        w if isinstance(w, cpu.PanelWeight) else cpu.PanelWeight(np.asarray(w))
+        for w in weights
+    ]
     weight_bytes = sum(w.nbytes for w in weights)
     limits = machine_limits(model, threads)
     cores = cpu.follow_machine_load()
@@ -59,26 +95,52 @@ def bench_projections(args) -> dict:
     rng = np.random.default_rng(0)
     rows_out = []
     for rows in args.rows:
-        xs = {n: rng.standard_normal((rows, n)).astype(model.dtype) for n in {w.shape[0] for w in weights}}
-        chosen = {"matrix-vector": "blas gemm", "gemm": "blas gemm", "panels": "panels, split"}[cpu.projection_path(rows)]
+        xs = {
+            n: rng.standard_normal((rows, n)).astype(model.dtype)
+            for n in {w.shape[0] for w in weights}
+        }
+        chosen = {
+            "matrix-vector": "blas gemm",
+            "gemm": "blas gemm",
+            "panels": "panels, split",
+        }[cpu.projection_path(rows)]
         for name, way in ways.items():
-            seconds = best_time(lambda: [way(w, xs[w.shape[0]]) for w in weights], args.repeats)
-            rows_out.append({"rows": rows, "way": name, "ms": 1000 * seconds,
-                             "gb_per_s": weight_bytes / seconds / 1e9,
-                             "share_of_copy_bandwidth": weight_bytes / seconds / limits["copy_bytes_per_s"],
-                             "engine": name == chosen})
+            seconds = best_time(
+                lambda: [way(w, xs[w.shape[0]]) for w in weights], args.repeats
+            )
+            rows_out.append(
+                {
+                    "rows": rows,
+                    "way": name,
+                    "ms": 1000 * seconds,
+                    "gb_per_s": weight_bytes / seconds / 1e9,
+                    "share_of_copy_bandwidth": (
+                        weight_bytes / seconds / limits["copy_bytes_per_s"]
+                    ),
+                    "engine": name == chosen,
+                }
+            )
     handoff = handoff_seconds(cores)
-    result = {"model": llm.model_name, "weight_bytes": weight_bytes, "products_per_step": len(weights),
-              "blas_threads": threads, "cores": cores, "copy_bytes_per_s": limits["copy_bytes_per_s"],
-              "handoff_us": None if handoff is None else 1e6 * handoff, "results": rows_out}
+    result = {
+        "model": llm.model_name,
+        "weight_bytes": weight_bytes,
+        "products_per_step": len(weights),
+        "blas_threads": threads,
+        "cores": cores,
+        "copy_bytes_per_s": limits["copy_bytes_per_s"],
+        "handoff_us": None if handoff is None else 1e6 * handoff,
+        "results": rows_out,
+    }
     if not args.json:
         print_table(result)
     return result
 
 
 def handoff_seconds(cores: int, calls: int = 500) -> float | None:
-    """What splitting one product over the cores costs beyond its work: an empty piece handed to
-    the helper thread and waited for, the median of `calls` (None on one core: no hand-off)."""
+    """What splitting one product over the cores costs beyond its work: an empty piece
+    handed to the helper thread and waited for, the median of `calls` (None on one core:
+    no hand-off).
+    """
     from minipaged.model import cpu
 
     if cores < 2:
@@ -92,16 +154,22 @@ def handoff_seconds(cores: int, calls: int = 500) -> float | None:
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['model']}: {result['products_per_step']} products a step, "
-          f"{result['weight_bytes'] / 1e6:.0f} MB of weights; copy bandwidth "
-          f"{result['copy_bytes_per_s'] / 1e9:.1f} GB/s, {result['cores']} free cores")
+    print(
+        f"{result['model']}: {result['products_per_step']} products a step, "
+        f"{result['weight_bytes'] / 1e6:.0f} MB of weights; copy bandwidth "
+        f"{result['copy_bytes_per_s'] / 1e9:.1f} GB/s, {result['cores']} free cores"
+    )
     print(f"{'rows':>4}  {'way':<22} {'step':>9} {'GB/s':>6} {'of copy bw':>10}")
     for r in result["results"]:
         mark = "  <- the engine's" if r["engine"] else ""
-        print(f"{r['rows']:>4}  {r['way']:<22} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
-              f"{100 * r['share_of_copy_bandwidth']:>9.0f}%{mark}")
+        print(
+            f"{r['rows']:>4}  {r['way']:<22} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
+            f"{100 * r['share_of_copy_bandwidth']:>9.0f}%{mark}"
+        )
     if result["handoff_us"] is not None:
-        print(f"handing an empty piece to the helper thread and waiting for it: "
-              f"{result['handoff_us']:.0f} us, paid once per split product")
+        print(
+            "handing an empty piece to the helper thread and waiting for it: "
+            f"{result['handoff_us']:.0f} us, paid once per split product"
+        )
     for name, what in WAYS.items():
         print(f"  {name}: {what}")

@@ -1,6 +1,7 @@
-"""`check`: grade a participant's lab file (or the engine's own code, --solution), then let it
-serve the model. Their code runs in a child process under time limits, so that a loop, a crash
-or a sys.exit in it ends the check with one sentence. Returns the exit code: 0 passed, 1 failed.
+"""`check`: grade a participant's lab file (or the engine's own code, --solution), then
+let it serve the model. Their code runs in a child process under time limits, so that a
+loop, a crash or a sys.exit in it ends the check with one sentence. Returns the exit
+code: 0 passed, 1 failed.
 """
 
 from __future__ import annotations
@@ -16,16 +17,28 @@ from pathlib import Path
 
 from minipaged.tools.lab import kernel_props
 from minipaged.tools.lab.engine_run import load_model, serve
-from minipaged.tools.lab.grading import NotLoadable, in_one_line, judged, load, say, signature_mismatches, wrong_kinds
+from minipaged.tools.lab.grading import (
+    NotLoadable,
+    in_one_line,
+    judged,
+    load,
+    say,
+    signature_mismatches,
+    wrong_kinds,
+)
 from minipaged.tools.lab.labs import LABS, Lab
 
-LOAD_S = {".py": 20, ".cu": 180}  # importing a file; compiling a kernel with the emulation's C++ compiler
-MODEL_S, ENGINE_S = 120, 300      # loading the model; the two engine runs
-GRACE_S = 5                       # the child's own limits come first; the parent's after these seconds
+LOAD_S = {
+    ".py": 20,
+    ".cu": 180,
+}  # importing a file; compiling a kernel with the emulation's C++ compiler
+MODEL_S, ENGINE_S = 120, 300  # loading the model; the two engine runs
+GRACE_S = 5  # the child's own limits come first; the parent's after these seconds
 
 
 def pieces_of(lab: Lab, path: Path | None):
-    """The participant's pieces (their module, or their kernel built), or the engine's own."""
+    """The participant's pieces (their module, or their kernel built), or the engine's
+    own."""
     if path is None:
         return lab.pieces()
     if lab.starter.endswith(".cu"):
@@ -36,11 +49,15 @@ def pieces_of(lab: Lab, path: Path | None):
         raise NotLoadable(f"in {path.name}, {wrong[0]}")
     wrong = signature_mismatches(module, lab.solution())
     if wrong:
-        raise NotLoadable(f"{path.name} changed a signature the engine calls: {wrong[0]}")
+        raise NotLoadable(
+            f"{path.name} changed a signature the engine calls: {wrong[0]}"
+        )
     return module
 
 
-def check(lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool = True) -> int:
+def check(
+    lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool = True
+) -> int:
     start = time.perf_counter()
     name = "the engine's own code (--solution)" if path is None else path.name
     say(f"lab {lab.number}, {lab.title}: checking {name}")
@@ -50,17 +67,36 @@ def check(lab: Lab, path: Path | None, model: str | None, pictures: Path, engine
     return code
 
 
-# ---- the parent: start the child, wait for each step within its limit -------------------------
+# ---- the parent: start the child, wait for each step within its limit
+# -------------------------
 
-def supervise(lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool) -> int:
-    """Run `grade` in a fresh process; when it ends without a verdict (a loop past its limit, a
+
+def supervise(
+    lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool
+) -> int:
+    """Run `grade` in a fresh process; when it ends without a verdict (a loop past its
+    limit, a
     crash, an exit), say in one sentence what it was doing and how it ended."""
-    context = multiprocessing.get_context("spawn")  # the same on Linux, macOS and Windows
+    context = multiprocessing.get_context(
+        "spawn"
+    )  # the same on Linux, macOS and Windows
     receiver, sender = context.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="minipaged-lab-") as folder:
         trace = Path(folder) / "traceback.txt"
-        child = context.Process(target=grade, args=(sender, lab.number, lab.seconds, path, model, pictures, engine, trace),
-                                daemon=True)
+        child = context.Process(
+            target=grade,
+            args=(
+                sender,
+                lab.number,
+                lab.seconds,
+                path,
+                model,
+                pictures,
+                engine,
+                trace,
+            ),
+            daemon=True,
+        )
         child.start()
         sender.close()
         doing, limit = "loading your file", LOAD_S[lab.starter_path.suffix]
@@ -84,35 +120,73 @@ def supervise(lab: Lab, path: Path | None, model: str | None, pictures: Path, en
             deadline = time.monotonic() + limit + GRACE_S
         child.join(10)
         text = trace.read_text(errors="replace") if trace.exists() else ""
-    say(f"  FAIL  {doing}", f"        {how_it_ended(child.exitcode, text, path, limit, timed_out)}",
-        "", f"the check stopped there. Fix that first; stuck? python -m minipaged.lab hint {lab.number}")
+    say(
+        f"  FAIL  {doing}",
+        f"        {how_it_ended(child.exitcode, text, path, limit, timed_out)}",
+        "",
+        "the check stopped there. Fix that first; stuck? python -m minipaged.lab hint"
+        f" {lab.number}",
+    )
     return 1
 
 
-def how_it_ended(exitcode: int | None, trace: str, path: Path | None, limit: int, timed_out: bool) -> str:
-    """One sentence from the child's exit code and faulthandler's traceback (most recent call first)."""
+def how_it_ended(
+    exitcode: int | None, trace: str, path: Path | None, limit: int, timed_out: bool
+) -> str:
+    """One sentence from the child's exit code and faulthandler's traceback (most recent
+    call first)."""
     frames = re.findall(r'File "(.*)", line (\d+) in (\S+)', trace)
-    theirs = [(Path(f).name, line, func) for f, line, func in frames
-              if path is not None and Path(f).resolve() == path.resolve()]
+    theirs = [
+        (Path(f).name, line, func)
+        for f, line, func in frames
+        if path is not None and Path(f).resolve() == path.resolve()
+    ]
     kernel = path is not None and path.suffix == ".cu"
-    who = (f"your {theirs[0][2]} ({theirs[0][0]} line {theirs[0][1]})" if theirs
-           else "your kernel" if kernel else "your code")
+    who = (
+        f"your {theirs[0][2]} ({theirs[0][0]} line {theirs[0][1]})"
+        if theirs
+        else "your kernel"
+        if kernel
+        else "your code"
+    )
     if timed_out or "Timeout (" in trace:
         return f"{who} did not return within {limit} s: an endless loop?"
     if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
-        why = {"SIGSEGV": ": it read or wrote memory it does not own", "SIGFPE": ": a division by zero?",
-               "SIGABRT": ": it aborted", "SIGBUS": ": a misaligned or unmapped address"}.get(name, "")
+        name = (
+            signal.Signals(-exitcode).name
+            if -exitcode in signal.valid_signals()
+            else f"signal {-exitcode}"
+        )
+        why = {
+            "SIGSEGV": ": it read or wrote memory it does not own",
+            "SIGFPE": ": a division by zero?",
+            "SIGABRT": ": it aborted",
+            "SIGBUS": ": a misaligned or unmapped address",
+        }.get(name, "")
         return f"{who} crashed the process ({name}{why})"
-    return f"{who} ended the process (exit code {exitcode}): a lab's code returns or raises, it never exits"
+    return (
+        f"{who} ended the process (exit code {exitcode}): a lab's code returns or"
+        " raises, it never exits"
+    )
 
 
-# ---- the child: the check itself, each step announced with its limit -------------------------
+# ---- the child: the check itself, each step announced with its limit
+# -------------------------
 
-def grade(sender, number: int, seconds: int, path: Path | None, model: str | None, pictures: Path, engine: bool,
-          trace: Path) -> None:
-    """The whole check, in the child. Before each step it tells the parent what it does and for
-    how long; faulthandler writes the traceback if the step outlives its limit (a loop in compiled
+
+def grade(
+    sender,
+    number: int,
+    seconds: int,
+    path: Path | None,
+    model: str | None,
+    pictures: Path,
+    engine: bool,
+    trace: Path,
+) -> None:
+    """The whole check, in the child. Before each step it tells the parent what it does
+    and for how long; faulthandler writes the traceback if the step outlives its limit
+    (a loop in compiled
     code, which SIGALRM cannot stop) or the process crashes."""
     lab = dataclasses.replace(LABS[number], seconds=seconds)
     with open(trace, "w") as log:
@@ -124,15 +198,20 @@ def grade(sender, number: int, seconds: int, path: Path | None, model: str | Non
 
         try:
             code = run_check(lab, path, model, pictures, engine, doing)
-        except Exception as error:  # not the participant's code (that is judged inside): the check's own
-            say(f"  the check itself failed: {in_one_line(error)}; this is minipaged's fault, not yours: "
-                "please tell the lecturer")
+        # not the participant's code (that is judged inside): the check's own
+        except Exception as error:
+            say(
+                f"  the check itself failed: {in_one_line(error)}; this is minipaged's"
+                " fault, not yours: please tell the lecturer"
+            )
             code = 1
         faulthandler.cancel_dump_traceback_later()
         sender.send(("done", code))
 
 
-def run_check(lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool, doing) -> int:
+def run_check(
+    lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool, doing
+) -> int:
     doing("loading your file", LOAD_S[lab.starter_path.suffix])
     try:
         pieces = pieces_of(lab, path)
@@ -145,12 +224,19 @@ def run_check(lab: Lab, path: Path | None, model: str | None, pictures: Path, en
         verdicts += judged([prop], pieces, path, lab.seconds)
         say(*verdicts[-1].lines())
         if verdicts[-1].fatal:
-            say("", f"the check stopped there. Fix that first; stuck? python -m minipaged.lab hint {lab.number}")
+            say(
+                "",
+                "the check stopped there. Fix that first; stuck? python -m"
+                f" minipaged.lab hint {lab.number}",
+            )
             return 1
     failed = [v for v in verdicts if not v.holds]
     if failed:
-        say("", f"{len(failed)} of {len(verdicts)} properties fail. Fix the first one first; stuck? "
-                f"python -m minipaged.lab hint {lab.number}")
+        say(
+            "",
+            f"{len(failed)} of {len(verdicts)} properties fail. Fix the first one"
+            f" first; stuck? python -m minipaged.lab hint {lab.number}",
+        )
         return 1
     say("", f"all {len(verdicts)} properties hold.")
     if not engine:
@@ -164,14 +250,28 @@ def run_check(lab: Lab, path: Path | None, model: str | None, pictures: Path, en
     doing("serving the model with your code", ENGINE_S)
     try:
         if lab.run is not None:
-            say(f"now your code serves {model_line}" + (f"; {lab.note}:" if lab.note else ":"))
+            say(
+                f"now your code serves {model_line}"
+                + (f"; {lab.note}:" if lab.note else ":")
+            )
             say(*lab.run(pieces, llm, pictures))
         else:
-            say(f"now your code serves {model_line}, next to the built-in engine "
-                f"({lab.engine['num_blocks']} frames of {lab.engine['block_size']} slots)"
-                + (f"; {lab.note}:" if lab.note else ":"))
-            say(*serve(lab.number, pieces, llm, lab.engine, lab.samples, lab.max_tokens,
-                       pictures / f"lab{lab.number}_frames.svg"))
+            say(
+                f"now your code serves {model_line}, next to the built-in engine"
+                f" ({lab.engine['num_blocks']} frames of {lab.engine['block_size']}"
+                " slots)" + (f"; {lab.note}:" if lab.note else ":")
+            )
+            say(
+                *serve(
+                    lab.number,
+                    pieces,
+                    llm,
+                    lab.engine,
+                    lab.samples,
+                    lab.max_tokens,
+                    pictures / f"lab{lab.number}_frames.svg",
+                )
+            )
     except RuntimeError as error:
         say(f"  FAIL  {error}")
         return 1

@@ -1,7 +1,7 @@
 """`python -m minipaged.serve`: load a model, start the engine loop and the HTTP server.
 
-Prints where the API and the dashboard are. `ServerThread` runs the same server in a thread of
-the calling process (tests, the serving benchmark, a notebook).
+Prints where the API and the dashboard are. `ServerThread` runs the same server in a
+thread of the calling process (tests, the serving benchmark, a notebook).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import time
 import uvicorn
 
 from minipaged.llm import CommandParser, number, policy
-from minipaged.tools.serve.api import Server, ServerConfig
 from minipaged.speculative import SpeculativeConfig
+from minipaged.tools.serve.api import Server, ServerConfig
 
 EPILOG = """\
 examples:
@@ -39,9 +39,13 @@ def size(text: str) -> int:
     """Bytes from '536870912', '512M', '512MiB' or '1G' (binary units)."""
     match = re.fullmatch(r"\s*(\d{1,15})\s*([KMG]?)(i?B)?\s*", text, re.I)
     if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write bytes, or e.g. 512M or 1G")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: write bytes, or e.g. 512M or 1G"
+        )
     if int(match[1]) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the KV cache needs more than 0 bytes")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the KV cache needs more than 0 bytes"
+        )
     return int(match[1]) * 1024 ** " KMG".index((match[2] or " ").upper())
 
 
@@ -51,118 +55,294 @@ def seam(option: str) -> dict:
 
 
 class ServeParser(CommandParser):
-    """The server's parser: --max-concurrent-per-client's default follows --scheduling-policy (4
-    sequences per client; none under fair, which keeps each client's share by order, not by 429s)."""
+    """The server's parser: --max-concurrent-per-client's default follows
+    --scheduling-policy (4 sequences per client; none under fair, which keeps each
+    client's share by order, not by 429s).
+    """
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, rest = super().parse_known_args(args, namespace)
         if getattr(parsed, "max_concurrent_per_client", 0) is None:
-            parsed.max_concurrent_per_client = 0 if parsed.scheduling_policy == "fair" else 4
+            parsed.max_concurrent_per_client = (
+                0 if parsed.scheduling_policy == "fair" else 4
+            )
         return parsed, rest
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ServeParser(prog="python -m minipaged.serve", epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           description="An OpenAI-compatible server with a live page-table dashboard.")
+    parser = ServeParser(
+        prog="python -m minipaged.serve",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="An OpenAI-compatible server with a live page-table dashboard.",
+    )
     add = parser.add_argument
-    add("--model", default=None, help="hub id or local folder (default: SmolLM2-135M-Instruct, offline if need be)")
-    add("--served-model-name", default=None, help="the name clients send as `model` (default: --model's)")
-    add("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when usable, else cpu")
-    add("--host", default="127.0.0.1", help="address to listen on (default %(default)s; 0.0.0.0 for a room)")
-    add("--port", type=number(int, 0, 65535), default=8000, help="default %(default)s; 0 picks a free one")
-    add("--api-key", default=os.environ.get("MINIPAGED_API_KEY"),
-        help="every /v1 route then wants 'Authorization: Bearer KEY', and the dashboard's data "
-             "(/dashboard/snapshot, /dashboard/events) holds prompts and answers only for the key: "
-             "the page at / stays open for the projector, /?key=KEY shows the text "
-             "(default: $MINIPAGED_API_KEY)")
-    add("--block-size", type=number(int, 1), default=16, help="tokens per KV block (default %(default)s)")
-    # a default of 0 below means "work it out" (argparse does not check a default): typed, it is refused
-    add("--kv-cache-memory", type=size, default=0, help="KV cache size, e.g. 256M (default: 512M on a CPU)")
-    add("--num-blocks", type=number(int, 1), default=0,
-        help="KV frames, instead of --kv-cache-memory (a small pool shows more)")
-    add("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-        help="how K and V are stored: the model's dtype, or 8-bit codes with a scale per token and head "
-             "(~2x the frames of fp16 in the same memory; docs/15_compressed_memory.md) (default %(default)s)")
-    add("--max-model-len", type=number(int, 2), default=0, help="longest prompt + answer (default: the model's)")
-    add("--max-num-seqs", type=number(int, 1), default=64, help="most sequences in one batch (default %(default)s)")
+    add(
+        "--model",
+        default=None,
+        help=(
+            "hub id or local folder (default: SmolLM2-135M-Instruct, offline if"
+            " need be)"
+        ),
+    )
+    add(
+        "--served-model-name",
+        default=None,
+        help="the name clients send as `model` (default: --model's)",
+    )
+    add(
+        "--device",
+        default=None,
+        choices=["cpu", "cuda"],
+        help="default: cuda when usable, else cpu",
+    )
+    add(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default %(default)s; 0.0.0.0 for a room)",
+    )
+    add(
+        "--port",
+        type=number(int, 0, 65535),
+        default=8000,
+        help="default %(default)s; 0 picks a free one",
+    )
+    add(
+        "--api-key",
+        default=os.environ.get("MINIPAGED_API_KEY"),
+        help=(
+            "every /v1 route then wants 'Authorization: Bearer KEY', and the"
+            " dashboard's data (/dashboard/snapshot, /dashboard/events) holds prompts"
+            " and answers only for the key: the page at / stays open for the projector,"
+            " /?key=KEY shows the text (default: $MINIPAGED_API_KEY)"
+        ),
+    )
+    add(
+        "--block-size",
+        type=number(int, 1),
+        default=16,
+        help="tokens per KV block (default %(default)s)",
+    )
+    # a default of 0 below means "work it out" (argparse does not check a default):
+    # typed, it is refused
+    add(
+        "--kv-cache-memory",
+        type=size,
+        default=0,
+        help="KV cache size, e.g. 256M (default: 512M on a CPU)",
+    )
+    add(
+        "--num-blocks",
+        type=number(int, 1),
+        default=0,
+        help="KV frames, instead of --kv-cache-memory (a small pool shows more)",
+    )
+    add(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "int8", "fp8"],
+        help=(
+            "how K and V are stored: the model's dtype, or 8-bit codes with a scale per"
+            " token and head (~2x the frames of fp16 in the same memory;"
+            " docs/15_compressed_memory.md) (default %(default)s)"
+        ),
+    )
+    add(
+        "--max-model-len",
+        type=number(int, 2),
+        default=0,
+        help="longest prompt + answer (default: the model's)",
+    )
+    add(
+        "--max-num-seqs",
+        type=number(int, 1),
+        default=64,
+        help="most sequences in one batch (default %(default)s)",
+    )
     add("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    add("--scheduler", default="continuous", choices=["continuous", "static"],
-        help="static: the pre-Orca baseline, for a before/after demo")
+    add(
+        "--scheduler",
+        default="continuous",
+        choices=["continuous", "static"],
+        help="static: the pre-Orca baseline, for a before/after demo",
+    )
     add("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    # the series' old systems ideas (docs/09_replacement.md to docs/12_drum.md), each a choice of the engine
-    # each takes a name or a policy of one's own, "module:Class" (importable from here)
-    add("--prefix-cache-policy", default="lru", **seam("prefix_cache_policy"),
-        help="which cached prefix block leaves first when the pool needs a frame (default %(default)s)")
-    add("--scheduling-policy", default="fcfs", **seam("scheduling_policy"),
-        help="the waiting queue's order: first come first served, shortest job first, SJF with aging, "
-             "each request's `priority` field, lower first (vLLM's --scheduling-policy priority), or fair: "
-             "the least served client first (counted in tokens; a client is its address and key) "
-             "(default %(default)s)")
-    add("--admission", default="greedy", **seam("admission"),
-        help="working-set: admit a request only while the running ones' growth fits too, "
-             "against thrashing (default %(default)s)")
-    add("--preemption-victim", default=None, **seam("preemption_victim"),
-        help="whom to preempt when frames run out (default: the waiting order's; else the newest)")
-    add("--kv-offload-frames", type=number(int, 0), default=0,
-        help="the drum: host frames that keep the prefix cache's evicted blocks, copied back on a "
-             "hit (0: off; default %(default)s)")
-    add("--max-waiting", type=number(int, 0), default=256,
-        help="requests that may queue beyond --max-num-seqs; more get 503 (default %(default)s)")
-    add("--default-max-tokens", type=number(int, 1), default=256,
-        help="tokens a chat answer may take when the request gives no max_tokens, fewer if the context "
-             "or the KV pool (for n answers) holds less; completions keep OpenAI's 16 (default %(default)s)")
-    add("--max-tokens-limit", type=number(int, 1), default=1024,
-        help="the most max_tokens a request may ask for: more is a 400 that says the limit. 1024 is four "
-             "default answers, about 40 s of one stream on a laptop CPU; a client at its "
-             "--max-concurrent-per-client share then holds at most about a third of SmolLM2's default CPU "
-             "pool (728 frames of 16 tokens); --max-model-len's value leaves the context as the only limit "
-             "(default %(default)s)")
-    add("--max-concurrent-per-client", type=number(int, 0), default=None,
-        help="sequences (each prompt's n samples) one client may have unfinished at once; more is a 429 "
-             "with Retry-After, so that one laptop cannot fill the room's batch. A client is its address and "
-             "the API key it sends. 4: a room of 20 sharing the default batch of 64 rows gets about 3 each, "
-             "and 4 lets a participant send n=3, or a few streams, at once (0: no bound; default 4, and 0 with "
-             "--scheduling-policy fair, whose order keeps the share)")
-    add("--speculative-config", type=speculative_config, default=None, metavar="JSON",
-        help="speculative decoding, as vLLM's option: e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
-             "(methods: ngram, draft_layers); the dashboard's timeline marks each guess kept or rolled back")
-    add("--root-path", default="",
-        help="as vLLM's option: the path prefix of a proxy in front (e.g. /llm): /llm/v1 and /v1 both answer")
-    add("--enable-force-include-usage", action="store_true",
-        help="as vLLM's option: every stream carries the usage so far in every chunk, whatever its "
-             "stream_options ask")
-    add("--dashboard-show-text", action="store_true",
-        help="show prompts and answers on the dashboard (by default: ids and token counts only); "
-             "with --api-key, only to the key")
-    add("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    # the series' old systems ideas (docs/09_replacement.md to docs/12_drum.md), each a
+    # choice of the engine each takes a name or a policy of one's own, "module:Class"
+    # (importable from here)
+    add(
+        "--prefix-cache-policy",
+        default="lru",
+        **seam("prefix_cache_policy"),
+        help=(
+            "which cached prefix block leaves first when the pool needs a frame"
+            " (default %(default)s)"
+        ),
+    )
+    add(
+        "--scheduling-policy",
+        default="fcfs",
+        **seam("scheduling_policy"),
+        help=(
+            "the waiting queue's order: first come first served, shortest job first,"
+            " SJF with aging, each request's `priority` field, lower first (vLLM's"
+            " --scheduling-policy priority), or fair: the least served client first"
+            " (counted in tokens; a client is its address and key) (default"
+            " %(default)s)"
+        ),
+    )
+    add(
+        "--admission",
+        default="greedy",
+        **seam("admission"),
+        help=(
+            "working-set: admit a request only while the running ones' growth fits too,"
+            " against thrashing (default %(default)s)"
+        ),
+    )
+    add(
+        "--preemption-victim",
+        default=None,
+        **seam("preemption_victim"),
+        help=(
+            "whom to preempt when frames run out (default: the waiting order's; else"
+            " the newest)"
+        ),
+    )
+    add(
+        "--kv-offload-frames",
+        type=number(int, 0),
+        default=0,
+        help=(
+            "the drum: host frames that keep the prefix cache's evicted blocks, copied"
+            " back on a hit (0: off; default %(default)s)"
+        ),
+    )
+    add(
+        "--max-waiting",
+        type=number(int, 0),
+        default=256,
+        help=(
+            "requests that may queue beyond --max-num-seqs; more get 503 (default"
+            " %(default)s)"
+        ),
+    )
+    add(
+        "--default-max-tokens",
+        type=number(int, 1),
+        default=256,
+        help=(
+            "tokens a chat answer may take when the request gives no max_tokens, fewer"
+            " if the context or the KV pool (for n answers) holds less; completions"
+            " keep OpenAI's 16 (default %(default)s)"
+        ),
+    )
+    add(
+        "--max-tokens-limit",
+        type=number(int, 1),
+        default=1024,
+        help=(
+            "the most max_tokens a request may ask for: more is a 400 that says the"
+            " limit. 1024 is four default answers, about 40 s of one stream on a laptop"
+            " CPU; a client at its --max-concurrent-per-client share then holds at most"
+            " about a third of SmolLM2's default CPU pool (728 frames of 16 tokens);"
+            " --max-model-len's value leaves the context as the only limit (default"
+            " %(default)s)"
+        ),
+    )
+    add(
+        "--max-concurrent-per-client",
+        type=number(int, 0),
+        default=None,
+        help=(
+            "sequences (each prompt's n samples) one client may have unfinished at"
+            " once; more is a 429 with Retry-After, so that one laptop cannot fill the"
+            " room's batch. A client is its address and the API key it sends. 4: a room"
+            " of 20 sharing the default batch of 64 rows gets about 3 each, and 4 lets"
+            " a participant send n=3, or a few streams, at once (0: no bound; default"
+            " 4, and 0 with --scheduling-policy fair, whose order keeps the share)"
+        ),
+    )
+    add(
+        "--speculative-config",
+        type=speculative_config,
+        default=None,
+        metavar="JSON",
+        help=(
+            'speculative decoding, as vLLM\'s option: e.g. \'{"method": "ngram",'
+            ' "num_speculative_tokens": 4}\' (methods: ngram, draft_layers); the'
+            " dashboard's timeline marks each guess kept or rolled back"
+        ),
+    )
+    add(
+        "--root-path",
+        default="",
+        help=(
+            "as vLLM's option: the path prefix of a proxy in front (e.g. /llm): /llm/v1"
+            " and /v1 both answer"
+        ),
+    )
+    add(
+        "--enable-force-include-usage",
+        action="store_true",
+        help=(
+            "as vLLM's option: every stream carries the usage so far in every chunk,"
+            " whatever its stream_options ask"
+        ),
+    )
+    add(
+        "--dashboard-show-text",
+        action="store_true",
+        help=(
+            "show prompts and answers on the dashboard (by default: ids and token"
+            " counts only); with --api-key, only to the key"
+        ),
+    )
+    add(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+    )
     return parser
 
 
 def engine_options(args) -> dict:
-    return {"block_size": args.block_size, "kv_cache_memory": args.kv_cache_memory,
-            "kv_cache_dtype": args.kv_cache_dtype, "num_blocks": args.num_blocks, "max_model_len": args.max_model_len,
-            "max_num_seqs": args.max_num_seqs, "preemption_mode": args.preemption_mode,
-            "scheduler": args.scheduler, "enable_prefix_caching": args.enable_prefix_caching,
-            "speculative_config": args.speculative_config, "prefix_cache_policy": args.prefix_cache_policy,
-            "scheduling_policy": args.scheduling_policy, "admission": args.admission,
-            "preemption_victim": args.preemption_victim,
-            "kv_offload_frames": args.kv_offload_frames}
+    return {
+        "block_size": args.block_size,
+        "kv_cache_memory": args.kv_cache_memory,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "num_blocks": args.num_blocks,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "preemption_mode": args.preemption_mode,
+        "scheduler": args.scheduler,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "speculative_config": args.speculative_config,
+        "prefix_cache_policy": args.prefix_cache_policy,
+        "scheduling_policy": args.scheduling_policy,
+        "admission": args.admission,
+        "preemption_victim": args.preemption_victim,
+        "kv_offload_frames": args.kv_offload_frames,
+    }
 
 
 def speculative_config(text: str) -> SpeculativeConfig:
-    """--speculative-config: a JSON object of vLLM's speculative_config fields, checked now."""
+    """--speculative-config: a JSON object of vLLM's speculative_config fields, checked
+    now."""
     try:
         return SpeculativeConfig.from_dict(json.loads(text))
     except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error.msg}): write e.g. "
-                                         "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not JSON ({error.msg}): write e.g. "
+            '\'{"method": "ngram", "num_speculative_tokens": 4}\''
+        ) from None
     except (TypeError, ValueError) as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (bound before uvicorn starts, so port 0 gives a known free port)."""
+    """A listening socket (bound before uvicorn starts, so port 0 gives a known free
+    port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -173,28 +353,45 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def urls(host: str, port: int) -> list[str]:
-    """Where clients reach a server listening on host: every address of this machine for 0.0.0.0."""
+    """Where clients reach a server listening on host: every address of this machine for
+    0.0.0.0."""
     if host not in ("0.0.0.0", "::", ""):
         return [f"http://{f'[{host}]' if ':' in host else host}:{port}"]
     names = {socket.gethostname()}
     try:
-        names |= {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+        names |= {
+            info[4][0]
+            for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        }
     except OSError:
         pass
-    return [f"http://{name}:{port}" for name in sorted(names)] + [f"http://127.0.0.1:{port}"]
+    return [f"http://{name}:{port}" for name in sorted(names)] + [
+        f"http://127.0.0.1:{port}"
+    ]
 
 
 class ServerThread:
-    """`with ServerThread(server) as url:` serves on 127.0.0.1 on a free port, in a thread."""
+    """`with ServerThread(server) as url:` serves on 127.0.0.1 on a free port, in a
+    thread."""
 
     def __init__(self, server: Server, host: str = "127.0.0.1", port: int = 0):
         self.server, self.sock = server, bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
-        self.uvicorn = uvicorn.Server(uvicorn.Config(server.app, log_level="warning", lifespan="on",
-                                                     timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
-                                       name="minipaged-http", daemon=True)
+        self.uvicorn = uvicorn.Server(
+            uvicorn.Config(
+                server.app,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=2,
+            )
+        )
+        self.thread = threading.Thread(
+            target=self.uvicorn.run,
+            kwargs={"sockets": [self.sock]},
+            name="minipaged-http",
+            daemon=True,
+        )
 
     def __enter__(self) -> str:
         self.thread.start()
@@ -212,16 +409,24 @@ class ServerThread:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """bind(), or an OSError that says what to do (before the model loads: no wait to learn it)."""
+    """bind(), or an OSError that says what to do (before the model loads: no wait to
+    learn it)."""
     try:
         return bind(host, port)
     except socket.gaierror:
-        raise OSError(f"--host {host}: no such address on this machine (try 127.0.0.1, or 0.0.0.0 for a room)") from None
+        raise OSError(
+            f"--host {host}: no such address on this machine (try 127.0.0.1, or 0.0.0.0"
+            " for a room)"
+        ) from None
     except OSError as error:
         if error.errno == errno.EADDRINUSE:
-            raise OSError(f"--port {port}: another program listens there already (pick another port, or 0 for "
-                          "a free one)") from None
-        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+            raise OSError(
+                f"--port {port}: another program listens there already (pick another"
+                " port, or 0 for a free one)"
+            ) from None
+        raise OSError(
+            f"cannot listen on {host}:{port}: {error.strerror or error}"
+        ) from None
 
 
 def main(argv=None) -> int:
@@ -229,35 +434,69 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from minipaged.llm import LLM
     from minipaged.model.weights import DEFAULT_MODEL
-    try:  # a mistake found after parsing reads as argparse's: one line on stderr, exit code 2
+
+    # a mistake found after parsing reads as argparse's: one line on stderr, exit code 2
+    try:
         sock = listen(args.host, args.port)
         llm = LLM(args.model, device=args.device, **engine_options(args))
-    except (ValueError, RuntimeError, OSError) as error:  # a bad option, no GPU, no such model or address
+    except (
+        ValueError,
+        RuntimeError,
+        OSError,
+    ) as error:  # a bad option, no GPU, no such model or address
         parser.error(str(error))
     name = args.served_model_name or args.model or DEFAULT_MODEL
-    server = Server(llm.engine, llm.tokenizer, ServerConfig(
-        model_name=name, api_key=args.api_key, max_waiting=args.max_waiting,
-        dashboard_show_text=args.dashboard_show_text, default_max_tokens=args.default_max_tokens,
-        max_tokens_limit=args.max_tokens_limit, max_concurrent_per_client=args.max_concurrent_per_client,
-        force_include_usage=args.enable_force_include_usage, root_path=args.root_path))
+    server = Server(
+        llm.engine,
+        llm.tokenizer,
+        ServerConfig(
+            model_name=name,
+            api_key=args.api_key,
+            max_waiting=args.max_waiting,
+            dashboard_show_text=args.dashboard_show_text,
+            default_max_tokens=args.default_max_tokens,
+            max_tokens_limit=args.max_tokens_limit,
+            max_concurrent_per_client=args.max_concurrent_per_client,
+            force_include_usage=args.enable_force_include_usage,
+            root_path=args.root_path,
+        ),
+    )
     port = sock.getsockname()[1]
     blocks = llm.engine.blocks
-    print(f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "
-          f"{blocks.num_frames} KV frames of {blocks.block_size} tokens, max_model_len "
-          f"{llm.max_model_len}, {args.scheduler} batching")
-    share = f"at most {args.max_concurrent_per_client}" if args.max_concurrent_per_client else "no bound on the"
-    print(f"  a request: at most {args.max_tokens_limit} tokens ({args.default_max_tokens} if a chat gives no "
-          f"max_tokens); a client (address + key): {share} sequences at once")
+    print(
+        f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "
+        f"{blocks.num_frames} KV frames of {blocks.block_size} tokens, max_model_len "
+        f"{llm.max_model_len}, {args.scheduler} batching"
+    )
+    share = (
+        f"at most {args.max_concurrent_per_client}"
+        if args.max_concurrent_per_client
+        else "no bound on the"
+    )
+    print(
+        f"  a request: at most {args.max_tokens_limit} tokens"
+        f" ({args.default_max_tokens} if a chat gives no max_tokens); a client (address"
+        f" + key): {share} sequences at once"
+    )
     for url in urls(args.host, port):
-        print(f"  API (OpenAI):  {url}/v1    dashboard: {url}/    metrics: {url}/metrics")
+        print(
+            f"  API (OpenAI):  {url}/v1    dashboard: {url}/    metrics: {url}/metrics"
+        )
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        print("  warning: listening beyond this machine with no --api-key: anyone on the network "
-              "may send requests", file=sys.stderr)
+        print(
+            "  warning: listening beyond this machine with no --api-key: anyone on the"
+            " network may send requests",
+            file=sys.stderr,
+        )
     print("Ctrl-C stops it.", flush=True)
-    config = uvicorn.Config(server.app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        server.app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=2
+    )
     try:
         uvicorn.Server(config).run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn stops cleanly, then raises the Ctrl-C it caught again
+    except (
+        KeyboardInterrupt
+    ):  # uvicorn stops cleanly, then raises the Ctrl-C it caught again
         pass
     print("stopped.")
     return 0

@@ -1,7 +1,7 @@
-"""Each client's service, as the dashboard and /metrics show it: a name for each client (its
-address, and for a key a salted hash of it: the page and /metrics are public, so never the key)
-and the tokens a request that left was served. The server names clients (address and key) as
-the fair waiting order counts them; these names only show them.
+"""Each client's service, as the dashboard and /metrics show it: a name for each client
+(its address, and for a key a salted hash of it: the page and /metrics are public, so
+never the key) and the tokens a request that left was served. The server names clients
+(address and key) as the fair waiting order counts them; these names only show them.
 """
 
 from __future__ import annotations
@@ -9,45 +9,66 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-MAX_CLIENTS = 64  # clients told apart (a room is about 40); later ones are counted as OTHER
+MAX_CLIENTS = (
+    64  # clients told apart (a room is about 40); later ones are counted as OTHER
+)
 OTHER = "other"
-SALT = secrets.token_bytes(16)  # drawn at start: a key's hash on the page cannot test guesses of the key
+SALT = secrets.token_bytes(
+    16
+)  # drawn at start: a key's hash on the page cannot test guesses of the key
 
 
 def client_name(client: str) -> str:
-    """How a client is shown: 'address', or 'address #3fa2c1' when it sent a key (six hex
-    digits of a hash salted at start: the same key, the same digits while the server runs);
+    """How a client is shown: 'address', or 'address #3fa2c1' when it sent a key (six
+    hex digits of a hash salted at start: the same key, the same digits while the server
+    runs);
     '(none)' for the engine's unnamed client (LLM.generate)."""
     address, _, key = client.partition(" ")
     key = key.removeprefix("Bearer ").strip()
     if not key:
         return address or "(none)"
-    return f"{address} #{hashlib.blake2b(key.encode(), key=SALT, digest_size=3).hexdigest()}"
+    return (
+        f"{address}"
+        f" #{hashlib.blake2b(key.encode(), key=SALT, digest_size=3).hexdigest()}"
+    )
 
 
 class ClientNames:
-    """The names of at most `limit` clients, in the order they came; every later client is
-    OTHER, so a room (or a client inventing keys) cannot grow the page or /metrics for ever."""
+    """The names of at most `limit` clients, in the order they came; every later client
+    is OTHER, so a room (or a client inventing keys) cannot grow the page or /metrics
+    for ever.
+    """
 
     def __init__(self, limit: int = MAX_CLIENTS):
         self.limit = limit
-        self.known: dict[str, str] = {}  # client (the server's name for it) -> its name on the page
+        self.known: dict[
+            str, str
+        ] = {}  # client (the server's name for it) -> its name on the page
 
     def of(self, client: str) -> str:
-        """The name of `client` (given on first sight while there is room, else OTHER)."""
+        """The name of `client` (given on first sight while there is room, else
+        OTHER)."""
         if client not in self.known and len(self.known) < self.limit:
             self.known[client] = client_name(client)
         return self.known.get(client, OTHER)
 
     def rank(self, name: str) -> int:
-        """Where a name comes in arrival order (OTHER last): the dashboard's row order."""
+        """Where a name comes in arrival order (OTHER last): the dashboard's row
+        order."""
         names = list(self.known.values())
         return names.index(name) if name in names else len(names)
 
 
 def served_tokens(output, stream) -> tuple[int, int]:
-    """(prompt, output) tokens a request that left was served: its prompt once if it ran at all
-    (a refused request, or one aborted while it waited, was served none), and every sample's
+    """(prompt, output) tokens a request that left was served: its prompt once if it ran
+    at all (a refused request, or one aborted while it waited, was served none), and
+    every sample's
     tokens. `stream` is the engine loop's record of it (None outside a server)."""
-    ran = stream.first_token is not None if stream is not None else any(c.token_ids for c in output.outputs)
-    return (len(output.prompt_token_ids) if ran else 0), sum(len(c.token_ids) for c in output.outputs)
+    ran = (
+        stream.first_token is not None
+        if stream is not None
+        else any(c.token_ids for c in output.outputs)
+    )
+    return (len(output.prompt_token_ids) if ran else 0), sum(
+        len(c.token_ids) for c in output.outputs
+    )

@@ -1,7 +1,9 @@
-"""The engine loop: one thread owns the LLMEngine; HTTP handlers talk to it through queues.
+"""The engine loop: one thread owns the LLMEngine; HTTP handlers talk to it through
+queues.
 
-vLLM's AsyncLLMEngine idea, small: requests and aborts go in through one thread-safe queue, each
-request's new text comes out through its own asyncio queue (docs/06_serving.md tells the rest).
+vLLM's AsyncLLMEngine idea, small: requests and aborts go in through one thread-safe
+queue, each request's new text comes out through its own asyncio queue
+(docs/06_serving.md tells the rest).
 """
 
 from __future__ import annotations
@@ -18,36 +20,60 @@ from minipaged.outputs import CompletionOutput, RequestOutput, StepReport
 
 @dataclass(slots=True)
 class Update:
-    """What a request's handler receives: first an empty update (accepted) or the engine's reason
-    for refusing it; then what each sequence added (its text, its tokens) and each sequence that
-    finished, as it finishes (n > 1: one may end before its siblings); at the end its output."""
+    """What a request's handler receives: first an empty update (accepted) or the
+    engine's reason for refusing it; then what each sequence added (its text, its
+    tokens) and each sequence that finished, as it finishes (n > 1: one may end before
+    its siblings); at the end its output.
+    """
+
     request_id: str
-    text: dict[int, str] = field(default_factory=dict)  # sequence index -> text released since the last update
-    token_ids: dict[int, list[int]] = field(default_factory=dict)  # sequence index -> tokens since the last one
-    logprobs: dict[int, list] = field(default_factory=dict)  # sequence index -> those tokens' logprobs (if asked)
-    finished: dict[int, CompletionOutput] = field(default_factory=dict)  # sequences that finished since
-    output: RequestOutput | None = None                 # the last update of a request that ran
-    error: str | None = None                            # add_request refused it (nothing was queued)
+    text: dict[int, str] = field(
+        default_factory=dict
+    )  # sequence index -> text released since the last update
+    token_ids: dict[int, list[int]] = field(
+        default_factory=dict
+    )  # sequence index -> tokens since the last one
+    logprobs: dict[int, list] = field(
+        default_factory=dict
+    )  # sequence index -> those tokens' logprobs (if asked)
+    finished: dict[int, CompletionOutput] = field(
+        default_factory=dict
+    )  # sequences that finished since
+    output: RequestOutput | None = None  # the last update of a request that ran
+    error: str | None = None  # add_request refused it (nothing was queued)
 
 
 @dataclass(slots=True)
 class Stream:
-    """The engine thread's record of one request: where its updates go, what it was handed, and
-    its times (perf_counter seconds), which the metrics read: arrival, the start of its first step
-    (it waited until then), the end of its first step (its first token) and of each later one."""
+    """The engine thread's record of one request: where its updates go, what it was
+    handed, and its times (perf_counter seconds), which the metrics read: arrival, the
+    start of its first step (it waited until then), the end of its first step (its first
+    token) and of each later one.
+    """
+
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     arrival: float
-    params: object = None                               # its SamplingParams (n, max_tokens for the metrics)
-    client: str = ""                                    # who sent it (Server._client): each client's service
-    sent: dict[int, int] = field(default_factory=dict)  # sequence index -> characters handed out
-    ids_sent: dict[int, int] = field(default_factory=dict)  # sequence index -> tokens handed out
-    finished: set[int] = field(default_factory=set)     # sequences whose finish was handed out
+    params: object = None  # its SamplingParams (n, max_tokens for the metrics)
+    client: str = ""  # who sent it (Server._client): each client's service
+    sent: dict[int, int] = field(
+        default_factory=dict
+    )  # sequence index -> characters handed out
+    ids_sent: dict[int, int] = field(
+        default_factory=dict
+    )  # sequence index -> tokens handed out
+    finished: set[int] = field(
+        default_factory=set
+    )  # sequences whose finish was handed out
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    gaps: list[float] = field(default_factory=list)     # seconds between its steps after the first
-    done: Callable[[], None] | None = None              # called on its event loop after the last update
+    gaps: list[float] = field(
+        default_factory=list
+    )  # seconds between its steps after the first
+    done: Callable[[], None] | None = (
+        None  # called on its event loop after the last update
+    )
 
     def ran(self, start: float, end: float) -> None:
         """It was in a step from start to end: the first one samples its first token."""
@@ -59,43 +85,75 @@ class Stream:
 
 
 class EngineLoop:
-    """Own `engine` on a thread of its own: it takes requests and aborts from `inbox`, steps while
-    any request is unfinished and sleeps when none is; after each step it hands each request's
-    new text to that request's own asyncio queue, on the HTTP server's event loop. Nothing else
-    touches the engine, so it needs no lock. `watchers` see every step and every finished request
-    on that thread (metrics, dashboard snapshots): `stepped(engine, report, idle)` and
+    """Own `engine` on a thread of its own: it takes requests and aborts from `inbox`,
+    steps while any request is unfinished and sleeps when none is; after each step it
+    hands each request's new text to that request's own asyncio queue, on the HTTP
+    server's event loop. Nothing else touches the engine, so it needs no lock.
+    `watchers` see every step and every finished request on that thread (metrics,
+    dashboard snapshots): `stepped(engine, report, idle)` and
     `finished(output, stream)`; they may read the engine, never change it."""
 
     def __init__(self, engine, watchers=()):
         self.engine, self.watchers = engine, list(watchers)
         self.inbox: queue.Queue = queue.Queue()
         self.streams: dict[str, Stream] = {}  # touched by the engine thread only
-        self.accepted = self.done = 0         # requests in and out: each written by one thread
-        self.aborting: set[str] = set()       # aborts asked for, not yet done: they hold no place
-        self.error: str | None = None         # set if a step failed: the loop has stopped
-        self.thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
+        self.accepted = self.done = 0  # requests in and out: each written by one thread
+        self.aborting: set[str] = (
+            set()
+        )  # aborts asked for, not yet done: they hold no place
+        self.error: str | None = None  # set if a step failed: the loop has stopped
+        self.thread = threading.Thread(
+            target=self._run, name="minipaged-engine", daemon=True
+        )
 
-    # ---- called from the HTTP server's event loop -----------------------------------------
-    def add_request(self, request_id: str, prompt, params, updates: asyncio.Queue, done=None,
-                    priority: int = 0, client: str = "") -> None:
-        """Queue a request; its Updates arrive in `updates` (one queue may serve several), and
-        `done()` runs once the engine has let go of it (finished, aborted or refused); `client`
+    # ---- called from the HTTP server's event loop
+    # -----------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt,
+        params,
+        updates: asyncio.Queue,
+        done=None,
+        priority: int = 0,
+        client: str = "",
+    ) -> None:
+        """Queue a request; its Updates arrive in `updates` (one queue may serve
+        several), and `done()` runs once the engine has let go of it (finished, aborted
+        or refused); `client`
         names who sent it (Server._client)."""
         self.accepted += 1
-        self.inbox.put(("add", request_id, prompt, params,
-                        Stream(asyncio.get_running_loop(), updates, time.perf_counter(), params, client=client,
-                               done=done), priority,
-                        client))
+        self.inbox.put(
+            (
+                "add",
+                request_id,
+                prompt,
+                params,
+                Stream(
+                    asyncio.get_running_loop(),
+                    updates,
+                    time.perf_counter(),
+                    params,
+                    client=client,
+                    done=done,
+                ),
+                priority,
+                client,
+            )
+        )
 
     def abort(self, request_id: str) -> None:
-        """Stop a request (its client left, or a sibling prompt was refused): its frames are
-        freed at the loop's next turn, and from now it no longer counts as unfinished."""
+        """Stop a request (its client left, or a sibling prompt was refused): its frames
+        are freed at the loop's next turn, and from now it no longer counts as
+        unfinished.
+        """
         self.aborting.add(request_id)
         self.inbox.put(("abort", request_id))
 
     @property
     def num_unfinished(self) -> int:
-        """Requests the engine holds or will: accepted, not done, and not being aborted."""
+        """Requests the engine holds or will: accepted, not done, and not being
+        aborted."""
         return self.accepted - self.done - len(self.aborting)
 
     def start(self) -> EngineLoop:
@@ -106,7 +164,8 @@ class EngineLoop:
         self.inbox.put(("stop",))
         self.thread.join(timeout=10)
 
-    # ---- the engine thread ------------------------------------------------------------------
+    # ---- the engine thread
+    # ------------------------------------------------------------------
     def _run(self) -> None:
         try:
             while self._take_inbox(block=not self.engine.has_unfinished_requests()):
@@ -121,7 +180,8 @@ class EngineLoop:
             raise
 
     def _take_inbox(self, block: bool) -> bool:
-        """Handle every message waiting (when idle, sleep until one comes); False at stop."""
+        """Handle every message waiting (when idle, sleep until one comes); False at
+        stop."""
         while True:
             try:
                 message = self.inbox.get(block=block)
@@ -137,7 +197,15 @@ class EngineLoop:
             else:  # it had finished (or been refused) before the abort came
                 self.aborting.discard(message[1])
 
-    def _add(self, request_id: str, prompt, params, stream: Stream, priority: int, client: str = "") -> None:
+    def _add(
+        self,
+        request_id: str,
+        prompt,
+        params,
+        stream: Stream,
+        priority: int,
+        client: str = "",
+    ) -> None:
         self.streams[request_id] = stream
         try:
             self.engine.add_request(request_id, prompt, params, priority, client)
@@ -147,51 +215,95 @@ class EngineLoop:
         self._send(request_id, Update(request_id))  # accepted
 
     def _after_step(self, report: StepReport) -> None:
-        """Hand out what the step produced: new text of running requests, finished outputs."""
+        """Hand out what the step produced: new text of running requests, finished
+        outputs."""
         now = time.perf_counter()
         for request_id in dict.fromkeys(rid for rid, *_ in report.ran):
             self.streams[request_id].ran(now - report.seconds, now)
             request = self.engine.requests.get(request_id)
             if request is not None and not request.beam_search:
-                self._send_new(request_id, {seq.index: (seq.released_text, seq.output_ids, seq.logprobs)
-                                            for seq in request.seqs},
-                               {seq.index: seq.completion(request.params) for seq in request.seqs if seq.finished})
+                self._send_new(
+                    request_id,
+                    {
+                        seq.index: (seq.released_text, seq.output_ids, seq.logprobs)
+                        for seq in request.seqs
+                    },
+                    {
+                        seq.index: seq.completion(request.params)
+                        for seq in request.seqs
+                        if seq.finished
+                    },
+                )
         for output in report.finished:
             self._finish(output)
         self._tell_watchers(report)
 
     def _finish(self, output: RequestOutput) -> None:
-        self._send_new(output.request_id, {c.index: (c.text, c.token_ids, c.logprobs) for c in output.outputs},
-                       {c.index: c for c in output.outputs})  # the last text with its end, as vLLM streams it
+        self._send_new(
+            output.request_id,
+            {c.index: (c.text, c.token_ids, c.logprobs) for c in output.outputs},
+            {c.index: c for c in output.outputs},
+        )  # the last text with its end, as vLLM streams it
         stream = self.streams[output.request_id]
         for watcher in self.watchers:
             watcher.finished(output, stream)
         self._send(output.request_id, Update(output.request_id, output=output))
 
-    def _send_new(self, request_id: str, seqs: dict[int, tuple[str, list[int], list | None]],
-                  finished: dict[int, CompletionOutput]) -> None:
-        """Hand out what each sequence (index -> its text, its tokens, their logprobs or None)
-        added since the last update, and the sequences that finished since (each once)."""
+    def _send_new(
+        self,
+        request_id: str,
+        seqs: dict[int, tuple[str, list[int], list | None]],
+        finished: dict[int, CompletionOutput],
+    ) -> None:
+        """Hand out what each sequence (index -> its text, its tokens, their logprobs or
+        None) added since the last update, and the sequences that finished since (each
+        once).
+        """
         stream = self.streams[request_id]
-        text = {i: t[stream.sent.get(i, 0):] for i, (t, *_) in seqs.items() if len(t) > stream.sent.get(i, 0)}
-        ids = {i: t[stream.ids_sent.get(i, 0):] for i, (_, t, _) in seqs.items() if len(t) > stream.ids_sent.get(i, 0)}
-        logprobs = {i: seqs[i][2][stream.ids_sent.get(i, 0):len(seqs[i][1])] for i in ids if seqs[i][2] is not None}
+        text = {
+            i: t[stream.sent.get(i, 0) :]
+            for i, (t, *_) in seqs.items()
+            if len(t) > stream.sent.get(i, 0)
+        }
+        ids = {
+            i: t[stream.ids_sent.get(i, 0) :]
+            for i, (_, t, _) in seqs.items()
+            if len(t) > stream.ids_sent.get(i, 0)
+        }
+        logprobs = {
+            i: seqs[i][2][stream.ids_sent.get(i, 0) : len(seqs[i][1])]
+            for i in ids
+            if seqs[i][2] is not None
+        }
         finished = {i: c for i, c in finished.items() if i not in stream.finished}
         if text or ids or finished:
             stream.sent.update({i: len(seqs[i][0]) for i in text})
             stream.ids_sent.update({i: len(seqs[i][1]) for i in ids})
             stream.finished.update(finished)
-            self._send(request_id, Update(request_id, text=text, token_ids=ids, logprobs=logprobs, finished=finished))
+            self._send(
+                request_id,
+                Update(
+                    request_id,
+                    text=text,
+                    token_ids=ids,
+                    logprobs=logprobs,
+                    finished=finished,
+                ),
+            )
 
     def _send(self, request_id: str, update: Update) -> None:
-        """Put an update on the request's queue, on its event loop; the last one forgets it."""
+        """Put an update on the request's queue, on its event loop; the last one forgets
+        it."""
         stream = self.streams[request_id]
         last = update.output is not None or update.error is not None
         if last:
             del self.streams[request_id]
             self.done += 1
             self.aborting.discard(request_id)
-        def deliver() -> None:  # one callback: the handler never sees the last update with its slot held
+
+        def deliver() -> (
+            None
+        ):  # one callback: the handler never sees the last update with its slot held
             stream.queue.put_nowait(update)
             if last and stream.done is not None:
                 stream.done()
