@@ -23,17 +23,15 @@ class Scheduled:
     """One sequence in this step's batch: its `num_new_tokens` tokens after
     `seq.num_computed` are computed (all of them but at a prompt chunk that is not its
     last). `samplers` are the sequences that take their next token from its logits
-    (itself, or all n
-    samples of a prompt that they still share)."""
+    (itself, or all n samples of a prompt that they still share)."""
 
     seq: Sequence
     request: Request
     num_new_tokens: int
     samplers: list[Sequence]
     kind: str = "decode"  # or "prefill": the sequence's tokens enter the cache now
-    extra_slots: int = (
-        0  # the lookahead's slots after its next token (tokens it may run too)
-    )
+    # the lookahead's slots after its next token (tokens it may run too)
+    extra_slots: int = 0
 
 
 @dataclass(slots=True)
@@ -41,15 +39,12 @@ class Batch:
     """What one step runs, and the memory moves to make before it runs."""
 
     scheduled: list[Scheduled] = field(default_factory=list)
-    padding: list[tuple[Request, Sequence]] = field(
-        default_factory=list
-    )  # static: finished rows, computed anyway
-    moves: MemoryMoves = field(
-        default_factory=MemoryMoves
-    )  # swaps and copy-on-write, before the forward
-    preempted: list[tuple[str, str]] = field(
-        default_factory=list
-    )  # (request_id, "recompute"/"swap")
+    # static: finished rows, computed anyway
+    padding: list[tuple[Request, Sequence]] = field(default_factory=list)
+    # swaps and copy-on-write, before the forward
+    moves: MemoryMoves = field(default_factory=MemoryMoves)
+    # (request_id, "recompute"/"swap")
+    preempted: list[tuple[str, str]] = field(default_factory=list)
     cached_tokens: int = 0  # prefix-cache hits admitted
 
     @property
@@ -60,25 +55,21 @@ class Batch:
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = (
-        0  # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
-    )
+    # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
+    max_num_batched_tokens: int = 0
     preemption_mode: str = "recompute"  # or "swap"
     watermark: float = 0.01  # fraction of frames admission leaves free
     max_model_len: int = 2048  # the longest a sequence may grow
-    batching: str = (
-        "continuous"  # or "static": the pre-Orca baseline (policies/batching.py)
-    )
-    chunked_prefill: bool = (
-        False  # split prompts to fit max_num_batched_tokens per step
-    )
+    # or "static": the pre-Orca baseline (policies/batching.py)
+    batching: str = "continuous"
+    # split prompts to fit max_num_batched_tokens per step
+    chunked_prefill: bool = False
     # the seams (policies/): a name of WAITING_ORDERS / ADMISSIONS, a "module:Class"
     # path, or an object
     scheduling_policy: object = "fcfs"  # the waiting order (vLLM's name for the option)
     admission: object = "greedy"  # may a request join now
-    preemption_victim: object = (
-        None  # whom to preempt; None: the waiting order's, else the newest
-    )
+    # whom to preempt; None: the waiting order's, else the newest
+    preemption_victim: object = None
     aging_rate: float = 8.0  # a setting of the waiting order that reads it
     admission_window: int = 16  # a setting of the admission that reads it
 
@@ -101,9 +92,9 @@ class SchedulerConfig:
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
-            self.max_num_batched_tokens = (
-                512 if self.chunked_prefill else max(4096, self.max_model_len)
-            )
+            self.max_num_batched_tokens = max(4096, self.max_model_len)
+            if self.chunked_prefill:
+                self.max_num_batched_tokens = 512
         policies.check_options(
             batching=self.batching,
             chunked_prefill=self.chunked_prefill,
@@ -140,29 +131,28 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, lookahead=None):
-        self.config, self.blocks, self.lookahead = config, blocks, lookahead
+        self.config = config
+        self.blocks = blocks
+        self.lookahead = lookahead
         self.batching = policies.SEAMS["scheduler"][config.batching]
         self.order, self.admission, self.victim = policies.scheduler_policies(config)
-        self.served = policies.listener(
-            self.order
-        )  # the order hears what each row was served
+        # the order hears what each row was served
+        self.served = policies.listener(self.order)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.padding: list[
-            tuple[Request, Sequence]
-        ] = []  # static: finished rows of the batch
-        self.prefilling: dict[
-            Request, list[tuple[Sequence, list[Sequence]]]
-        ] = {}  # (seq, samplers) left
+        # static: finished rows of the batch
+        self.padding: list[tuple[Request, Sequence]] = []
+        # (seq, samplers) left
+        self.prefilling: dict[Request, list[tuple[Sequence, list[Sequence]]]] = {}
         self.watermark_frames = int(config.watermark * blocks.num_frames)
-        self.seq_ids = (
-            itertools.count()
-        )  # new sequences' ids: a request's samples, beams' forks
+        # new sequences' ids: a request's samples, beams' forks
+        self.seq_ids = itertools.count()
         self.steps = 0  # schedule() calls so far: the time waits are counted in
 
     def add(self, request: Request, priority: int = 0) -> None:
-        request.arrival, request.priority = self.steps, priority
+        request.arrival = self.steps
+        request.priority = priority
         self.waiting.append(request)
 
     def has_unfinished(self) -> bool:
@@ -171,7 +161,8 @@ class Scheduler:
     def schedule(self) -> Batch:
         """This step's batch, whole: who runs, their tokens, and the memory moves to
         make first."""
-        batch, self.steps = Batch(), self.steps + 1
+        batch = Batch()
+        self.steps += 1
         self._reserve_decode_slots(batch)
         if not batch.preempted:
             self._swap_in(batch)
@@ -191,9 +182,8 @@ class Scheduler:
                 self.config.max_num_batched_tokens - batch.num_tokens,
                 self.config.max_model_len,
             )
-        batch.moves.tier = (
-            self.blocks.take_tier_moves()
-        )  # the tier's stores and loads, in order
+        # the tier's stores and loads, in order
+        batch.moves.tier = self.blocks.take_tier_moves()
         return batch
 
     def new_seq_id(self) -> int:
@@ -202,47 +192,61 @@ class Scheduler:
     def update(
         self,
         batch: Batch,
-        tokens: dict[Sequence, int],
+        sampled: dict[Sequence, int],
+        *,
+        accepted: dict[Sequence, list[int]] | None = None,
         stopped=frozenset(),
         beams: dict[Request, beam.BeamStep] | None = None,
-        accepted: dict[Sequence, list[int]] | None = None,
     ) -> list[Request]:
-        """After the forward pass: every scheduled sequence's new tokens now have K and
-        V in the cache; each sampler appends its `accepted` extra tokens (the
-        lookahead's, computed this step) and its token (a beam search applies its
-        BeamStep instead), and finishes if it is in `stopped` (eos, a stop string) or at
-        its length limit. Returns the requests that
-        finished, in the order they ran."""
-        request_of, accepted = {}, accepted or {}
-        for s in batch.scheduled:
-            s.seq.num_computed += s.num_new_tokens  # (a prompt chunk samples nothing)
-            self.served(
-                s.request, s.num_new_tokens + len(accepted.get(s.seq, ())), s.kind
-            )  # (extra: kept ones)
-            for seq in s.samplers:  # forked samples share the prompt's cache
-                seq.num_computed = len(s.seq.token_ids)
-                request_of[seq] = s.request
-        for seq, token in tokens.items():
-            seq.num_computed += len(
-                accepted.get(seq, ())
-            )  # accepted extra tokens have their K and V
-            seq.token_ids += [*accepted.get(seq, ()), token]
-            request = request_of[seq]
-            if seq in stopped:
-                self.finish_seq(request, seq, "stop")
-            elif (
-                len(seq.output_ids) >= request.params.max_tokens
-                or len(seq.token_ids) >= self.config.max_model_len
-            ):
-                self.finish_seq(request, seq, "length")
-        for request, step in (beams or {}).items():
-            beam.apply(request, step, self, self.config.max_model_len)
-        finished = [
-            r for r in dict.fromkeys(s.request for s in batch.scheduled) if not r.live
-        ]
+        """After the forward pass: every scheduled sequence's new tokens now have K
+        and V in the cache. Each sampler appends its `accepted` extra tokens (the
+        lookahead's, computed this step) and its `sampled` token, and finishes if it
+        is in `stopped` (eos, a stop string) or at its length limit; a beam search
+        applies its BeamStep instead. Returns the requests that finished, in the
+        order they ran."""
+        if accepted is None:
+            accepted = {}
+        request_of = self._mark_computed(batch, accepted)
+        for seq, token in sampled.items():
+            kept = accepted.get(seq, [])
+            self._append(request_of[seq], seq, kept, token, seq in stopped)
+        for request, beam_step in (beams or {}).items():
+            beam.apply(request, beam_step, self, self.config.max_model_len)
+        finished = []
+        for row in batch.scheduled:
+            if not row.request.live and row.request not in finished:
+                finished.append(row.request)
         for request in finished:
             self.finish(request)
         return finished
+
+    def _mark_computed(self, batch: Batch, accepted: dict) -> dict:
+        """Each row's new tokens are computed (a prompt chunk samples nothing), and the
+        waiting order hears what each row was served. Returns each sampler's request."""
+        request_of = {}
+        for row in batch.scheduled:
+            row.seq.num_computed += row.num_new_tokens
+            kept = len(accepted.get(row.seq, ()))
+            self.served(row.request, row.num_new_tokens + kept, row.kind)
+            for seq in row.samplers:
+                # the samplers of a prompt share its frames: what row.seq holds is
+                # computed for each of them (row.seq itself among them)
+                seq.num_computed = len(row.seq.token_ids)
+                request_of[seq] = row.request
+        return request_of
+
+    def _append(self, request, seq, accepted, token: int, stopped: bool) -> None:
+        """A sampler takes its accepted extra tokens (their K and V are in the cache)
+        and its sampled token; it finishes at a stop or at its length limit."""
+        seq.num_computed += len(accepted)
+        seq.token_ids.extend(accepted)
+        seq.token_ids.append(token)
+        if stopped:
+            self.finish_seq(request, seq, "stop")
+        elif len(seq.output_ids) >= request.params.max_tokens:
+            self.finish_seq(request, seq, "length")
+        elif len(seq.token_ids) >= self.config.max_model_len:
+            self.finish_seq(request, seq, "length")
 
     def abort(self, request: Request) -> None:
         """Stop a request now, wherever it is, and free its frames."""
@@ -252,8 +256,7 @@ class Scheduler:
 
     def finish(self, request: Request) -> None:
         """A request whose sequences are all finished (or aborted) leaves its queue. A
-        static
-        batch ends with its last request: then its padding rows leave too."""
+        static batch ends with its last request: then its padding rows leave too."""
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
@@ -315,12 +318,12 @@ class Scheduler:
         request and those not yet scheduled this step (never a part-computed prompt), in
         admission order.
         """
-        queue, self.running = deque(self.running), []
+        queue = deque(self.running)
+        self.running = []
         while queue:
             request = queue.popleft()
-            if (
-                request in self.prefilling
-            ):  # its prompt's frames are mapped: it needs no slot
+            # its prompt's frames are mapped: it needs no slot
+            if request in self.prefilling:
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
@@ -346,9 +349,8 @@ class Scheduler:
                 return
             self.swapped.popleft()
             batch.moves.swap_in += self.blocks.swap_in(*ids)
-            self._schedule_decode(
-                request, batch
-            )  # its next token was sampled before it left
+            # its next token was sampled before it left
+            self._schedule_decode(request, batch)
 
     def _admit(self, batch: Batch) -> None:
         """Admit waiting requests, the waiting order's choice first, while each one
@@ -362,7 +364,9 @@ class Scheduler:
             request = self.order.pick(self.waiting, self.steps)
             mapped = self._to_map(request)
             frames = self._frames_to_admit(request, mapped)
-            growth = self._growth(request) if self.running else 0
+            growth = 0
+            if self.running:
+                growth = self._growth(request)
             if not self._fits(request, mapped, frames, free - growth, batch):
                 return
             free -= frames + growth
@@ -381,28 +385,28 @@ class Scheduler:
     ) -> bool:
         """May this request join now: its sequences within max_num_seqs, its prompt
         tokens within the step's budget, its frames within the free frames less the
-        watermark (and in one piece, for a contiguous allocator). A request that fits an
-        idle engine is always
-        admitted, limits and watermark aside, or it would wait forever."""
+        watermark (and in one piece, for a contiguous allocator). A request that fits
+        an idle engine is always admitted, limits and watermark aside, or it would
+        wait forever."""
+        keep_free = 0
         if self.running:
-            tokens = (
-                1
-                if self.config.chunked_prefill
-                else sum(len(s.token_ids) for s in mapped)
-            )
-            if (
-                self._num_running_seqs() + request.width > self.config.max_num_seqs
-                or batch.num_tokens + tokens > self.config.max_num_batched_tokens
-            ):
+            if not self._within_limits(request, mapped, batch):
                 return False
-        keep_free = (
-            0
-            if not self.running or self.batching.reserves_whole_run
-            else self.watermark_frames
-        )
-        return frames <= free - keep_free and self.blocks.can_reserve(
-            frames // len(mapped)
-        )
+            if not self.batching.reserves_whole_run:
+                keep_free = self.watermark_frames
+        if frames > free - keep_free:
+            return False
+        return self.blocks.can_reserve(frames // len(mapped))
+
+    def _within_limits(self, request, mapped: list[Sequence], batch: Batch) -> bool:
+        """Its sequences within max_num_seqs, its prompt within the step's tokens."""
+        tokens = sum(len(s.token_ids) for s in mapped)
+        if self.config.chunked_prefill:
+            tokens = 1  # a chunk of what the step leaves
+        seqs = self._num_running_seqs() + request.width
+        if seqs > self.config.max_num_seqs:
+            return False
+        return batch.num_tokens + tokens <= self.config.max_num_batched_tokens
 
     def _growth(self, request: Request) -> int:
         """The frames admission promises to a request's growth (a whole-run reservation
@@ -415,8 +419,7 @@ class Scheduler:
     # -------------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
         """One new slot per live sequence for its last sampled token (copying a shared
-        frame
-        first where needed); the request runs this step."""
+        frame first where needed); the request runs this step."""
         for seq in request.live:
             _, cow = self.blocks.append_slot(seq.seq_id, seq.token_ids[-1])
             if cow:
@@ -432,14 +435,15 @@ class Scheduler:
         """
         live = request.live
         fresh = len(live) > 1 and not any(s.output_ids for s in live)
-        return live[:1] if fresh else live
+        if fresh:
+            return live[:1]
+        return live
 
     def _frames_to_admit(self, request: Request, mapped: list[Sequence]) -> int:
         """Frames admission counts: the prompts' now (continuous: sequences grow later
         and are preempted if they must), or the worst case of the whole run (static:
         nobody is preempted, so every sequence's reservation is taken at once). A
-        contiguous allocator
-        counts the chunk it reserves either way."""
+        contiguous allocator counts the chunk it reserves either way."""
         if self.batching.reserves_whole_run:
             return self.worst_case_frames(len(request.prompt_token_ids), request.params)
         return sum(
@@ -458,9 +462,9 @@ class Scheduler:
     def _allocate(self, request: Request, mapped: list[Sequence], batch: Batch) -> None:
         """Map the sequences (prefix-cache hits reused), fork the rest of a fresh
         request's samples (they share the prompt's frames and sample from the same
-        logits), and schedule
-        the tokens not yet in the cache (or their first chunk)."""
-        first, live = mapped[0], request.live
+        logits), and schedule the tokens not yet in the cache (or their first chunk)."""
+        first = mapped[0]
+        live = request.live
         for seq in mapped:
             seq.num_computed = self.blocks.allocate(
                 seq.seq_id,
@@ -471,15 +475,15 @@ class Scheduler:
             batch.cached_tokens += seq.num_computed
         for seq in live[len(mapped) :]:
             self._fork(first, seq)
-        if (
-            not first.output_ids
-        ):  # first admission: later ones find generated tokens cached too
+        # first admission: later ones find generated tokens cached too
+        if not first.output_ids:
             request.num_cached_tokens = first.num_computed
         request.status = Status.RUNNING
         self.running.append(request)
-        self.prefilling[request] = [
-            (seq, live if len(mapped) < len(live) else [seq]) for seq in mapped
-        ]
+        if len(mapped) < len(live):  # one prompt, sampled by all
+            self.prefilling[request] = [(first, live)]
+        else:  # each sequence its own prompt and sampler
+            self.prefilling[request] = [(seq, [seq]) for seq in mapped]
         self._schedule_prefill(request, batch)
 
     def _schedule_prefill(self, request: Request, batch: Batch) -> None:
@@ -493,18 +497,17 @@ class Scheduler:
         while pending:
             seq, samplers = pending[0]
             left = len(seq.token_ids) - seq.num_computed
-            n = (
-                min(left, self.config.max_num_batched_tokens - batch.num_tokens)
-                if chunked
-                else left
-            )
+            n = left
+            if chunked:
+                budget = self.config.max_num_batched_tokens - batch.num_tokens
+                n = min(left, budget)
             if n < 1:
                 return
-            batch.scheduled.append(
-                Scheduled(seq, request, n, samplers if n == left else [], "prefill")
-            )
-            if n < left:
+            if n < left:  # a chunk: its samplers run at the last one
+                row = Scheduled(seq, request, n, [], "prefill")
+                batch.scheduled.append(row)
                 return
+            batch.scheduled.append(Scheduled(seq, request, n, samplers, "prefill"))
             pending.pop(0)
         del self.prefilling[request]
 
@@ -515,9 +518,8 @@ class Scheduler:
         """
         ids = [s.seq_id for s in request.live]
         mode = self.config.preemption_mode
-        if mode == "swap" and self.blocks.can_swap_out(
-            *ids
-        ):  # (contiguous: never, no host pool)
+        # (a contiguous allocator never can: it has no host pool)
+        if mode == "swap" and self.blocks.can_swap_out(*ids):
             batch.moves.swap_out += self.blocks.swap_out(*ids)
             request.status = Status.SWAPPED
             self.swapped.append(request)

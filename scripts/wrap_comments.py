@@ -25,9 +25,9 @@ STARTS_BLOCK = re.compile(r"^(\||[-*+] |\d+[.)] |>>>|\.\.\. |```|[A-Z][A-Za-z ]*
 LIST_ITEM = re.compile(r"^([-*+] |\d+[.)] )")
 
 
-def docstring_lines(tree: ast.AST) -> set[int]:
-    """The 1-based numbers of the lines inside docstrings (the quotes' lines
-    excluded)."""
+def docstring_lines(tree: ast.AST, source_lines: list[str]) -> set[int]:
+    """The 1-based numbers of the docstrings' lines of prose: a line indented deeper
+    than its docstring's body (an example, a formula, a table) is left as written."""
     lines = set()
     for node in ast.walk(tree):
         is_owner = isinstance(
@@ -42,7 +42,14 @@ def docstring_lines(tree: ast.AST) -> set[int]:
             first.value.value, str
         ):
             continue
-        lines.update(range(first.lineno, first.end_lineno + 1))
+        numbers = range(first.lineno, first.end_lineno + 1)
+        body = [source_lines[n - 1] for n in numbers[1:]]
+        body = [line for line in body if line.strip()]
+        indent = min((len(line) - len(line.lstrip()) for line in body), default=0)
+        for n in numbers:
+            line = source_lines[n - 1]
+            if n == first.lineno or len(line) - len(line.lstrip()) <= indent:
+                lines.add(n)
     return lines
 
 
@@ -87,6 +94,51 @@ def lift_trailing_comments(source: str, width: int) -> str:
     return "".join(lines)
 
 
+def statement_spans(tree: ast.AST) -> list[tuple[int, int]]:
+    """(first, last) line of each statement, a compound statement's header only."""
+    spans = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt):
+            continue
+        last = node.end_lineno
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body:
+            last = body[0].lineno - 1
+            decorators = getattr(node, "decorator_list", [])
+            if decorators:
+                continue
+        spans.append((node.lineno, last))
+    return spans
+
+
+def lift_split_comments(source: str, width: int) -> str:
+    """A statement of at most four lines that holds one trailing comment (the
+    formatter split it around that comment) gets the comment on a line above it;
+    `ruff format` then joins the statement again."""
+    lines = source.splitlines(keepends=True)
+    comments = trailing_comments(source)
+    moves = []
+    for first, last in statement_spans(ast.parse(source)):
+        inside = [n for n in comments if first <= n <= last]
+        if last == first or last - first > 3 or len(inside) != 1:
+            continue
+        code = " ".join(lines[n - 1].strip() for n in range(first, last + 1))
+        if len(code) - len(lines[inside[0] - 1][comments[inside[0]] :]) > width + 8:
+            continue
+        moves.append((first, inside[0]))
+    for first, number in sorted(moves, reverse=True):
+        line = lines[number - 1]
+        column = comments[number]
+        comment = line[column:].rstrip("\n")
+        if comment.startswith(("# noqa", "# type:")):
+            continue
+        lines[number - 1] = line[:column].rstrip() + "\n"
+        start = lines[first - 1]
+        indent = start[: len(start) - len(start.lstrip())]
+        lines.insert(first - 1, indent + comment + "\n")
+    return "".join(lines)
+
+
 def prefix_of(line: str, is_comment: bool) -> tuple[str, str]:
     """(prefix, text): the indentation (and `# ` for a comment) before a line's
     words."""
@@ -108,11 +160,14 @@ def split_at(text: str, room: int) -> tuple[str, str] | None:
 def wrap_lines(source: str, width: int) -> str:
     """Split each too-wide comment or docstring line, carrying its rest forward."""
     tree = ast.parse(source)
-    in_docstring = docstring_lines(tree)
-    comments = comment_lines(source)
     lines = source.splitlines()
+    in_docstring = docstring_lines(tree, lines)
+    comments = comment_lines(source)
     kinds = {}
     for number in range(1, len(lines) + 1):
+        text = lines[number - 1].lstrip()
+        if number in comments and re.match(r"#+ ?\s", text):
+            continue  # an indented comment: a table, an example, kept as written
         if number in comments:
             kinds[number - 1] = "comment"
         elif number in in_docstring:
@@ -164,8 +219,55 @@ def wrap_lines(source: str, width: int) -> str:
     return "\n".join(out) + ("\n" if source.endswith("\n") else "")
 
 
+def refill_docstrings(source: str, width: int) -> str:
+    """A docstring paragraph that fits in fewer lines (a short line left by an
+    earlier split) is filled again, word by word, at its own indentation."""
+    lines = source.splitlines()
+    prose = docstring_lines(ast.parse(source), lines)
+    out = []
+    i = 0
+    while i < len(lines):
+        if i + 1 not in prose or not lines[i].strip():
+            out.append(lines[i])
+            i += 1
+            continue
+        prefix, _ = prefix_of(lines[i], False)
+        paragraph = [lines[i]]
+        i += 1
+        while i < len(lines) and i + 1 in prose and lines[i].strip():
+            this_prefix, text = prefix_of(lines[i], False)
+            if this_prefix != prefix or STARTS_BLOCK.match(text):
+                break
+            if text in QUOTES or paragraph[-1].rstrip().endswith(QUOTES):
+                break
+            paragraph.append(lines[i])
+            i += 1
+        out += fill(paragraph, prefix, width)
+    return "\n".join(out) + ("\n" if source.endswith("\n") else "")
+
+
+QUOTES = ('"' * 3, "'" * 3)
+
+
+def fill(paragraph: list[str], prefix: str, width: int) -> list[str]:
+    """The paragraph's words, greedily filled; the paragraph as it was unless that
+    takes fewer lines (and no line grows past the width)."""
+    words = " ".join(line.strip() for line in paragraph).split(" ")
+    filled = [prefix + words[0]]
+    for word in words[1:]:
+        if len(filled[-1]) + 1 + len(word) <= width:
+            filled[-1] += " " + word
+        else:
+            filled.append(prefix + word)
+    if len(filled) < len(paragraph) and all(len(x) <= width for x in filled):
+        return filled
+    return paragraph
+
+
 def fix(source: str, width: int) -> str:
-    fixed = wrap_lines(lift_trailing_comments(source, width), width)
+    lifted = lift_split_comments(source, width)
+    fixed = wrap_lines(lift_trailing_comments(lifted, width), width)
+    fixed = refill_docstrings(fixed, width)
     if ast.dump(ast.parse(fixed)) == ast.dump(ast.parse(source)):
         return fixed
     # a docstring changed: only its text may have, never the code around it

@@ -1,10 +1,13 @@
-"""The shape of the package, read with `ast`: the import graph has no cycle and points
-down the layers of DESIGN.md only; the top level stays small; nothing outside paging/
-reaches into a
-block manager's tables or pools; the functions on a request's path stay short."""
+"""The shape of the package, read with `ast` and `tokenize`: the import graph has no
+cycle and points down the layers of docs/architecture.md only; the engine and the
+machinery around it stay apart; nothing outside paging/ reaches into a block manager's
+tables or pools; the step a lecture projects stays plain (budgets a formatter cannot
+hide: code tokens, functions, conditional expressions, parallel assignments)."""
 
 import ast
+import io
 import re
+import tokenize
 from collections import defaultdict
 from pathlib import Path
 
@@ -237,26 +240,29 @@ def test_the_reach_detector_sees_a_reach():
     assert not block_manager_reaches(ast.parse("d = llm.device"))
 
 
-def test_every_module_opens_with_a_docstring_of_at_most_five_lines():
-    lengths = {
-        m: len((ast.get_docstring(t, clean=False) or "").strip("\n").splitlines())
-        for m, t in TREES.items()
-    }
-    bad = {m: n for m, n in lengths.items() if not 1 <= n <= 5}
-    assert not bad, (
-        f"a module docstring says its idea in 2-5 lines (STYLE.md); these have: {bad}"
-    )
+def test_every_module_opens_with_a_docstring_of_at_most_seven_lines():
+    """What idea it teaches and where it sits: 2-5 lines at 100 columns, so at most
+    seven at the formatter's 88."""
+    lengths = {}
+    for name, tree in TREES.items():
+        docstring = ast.get_docstring(tree, clean=False) or ""
+        lengths[name] = len(docstring.strip("\n").splitlines())
+    bad = {m: n for m, n in lengths.items() if not 1 <= n <= 7}
+    assert not bad, f"a module docstring says its idea in 2-7 lines; these have: {bad}"
 
 
-def test_no_function_on_the_request_path_is_over_forty_lines():
-    long = [
-        f"{m}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
-        for m, tree in TREES.items()
-        if part(m) in REQUEST_PATH
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.end_lineno - node.lineno + 1 > 40
-    ]
+def test_no_function_on_the_request_path_is_over_eighty_lines():
+    """Formatted lines (one keyword a line in wide calls): the core's functions are
+    held to 30 below; the request's other modules (validation lists, mostly) to 80."""
+    long = []
+    for m, tree in TREES.items():
+        if part(m) not in REQUEST_PATH:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{m}.{node.name}: {lines} lines")
     assert not long, long
 
 
@@ -318,28 +324,107 @@ def step_call_tree() -> set[tuple[str | None, str]]:
     return seen
 
 
-def test_the_core_stays_within_its_line_budget():
-    """engine + scheduler + runner hold the mechanism only: 977 lines before the seams,
-    712 after."""
-    lines = sum(len(MODULES[m].read_text().splitlines()) for m in CORE)
-    assert lines <= 750, (
-        f"the three core files have {lines} lines: move an idea onto a seam (policies/)"
-    )
+def code_tokens(source: str) -> list[tokenize.TokenInfo]:
+    """The tokens of code a reader reads: no comments, no docstrings, no layout."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and is_docstring(body[0]):
+            docstrings.add(body[0].lineno)
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT}
+    layout |= {tokenize.DEDENT, tokenize.ENDMARKER}
+    tokens = []
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in layout:
+            continue
+        if token.type == tokenize.STRING and token.start[0] in docstrings:
+            continue
+        tokens.append(token)
+    return tokens
+
+
+def is_docstring(statement: ast.stmt) -> bool:
+    if not isinstance(statement, ast.Expr):
+        return False
+    value = statement.value
+    return isinstance(value, ast.Constant) and isinstance(value.value, str)
+
+
+def readability(modules: list[str]) -> dict[str, float]:
+    """The figures of issue 38's table, for these modules together."""
+    lines = []
+    code_lines = set()
+    conditionals = 0
+    parallel = 0
+    for module in modules:
+        source = MODULES[module].read_text()
+        lines += [line for line in source.splitlines() if line.strip()]
+        code_lines |= {(module, t.start[0]) for t in code_tokens(source)}
+        for node in ast.walk(TREES[module]):
+            if isinstance(node, ast.IfExp):
+                conditionals += 1
+            is_tuple = isinstance(node, ast.Assign) and isinstance(
+                node.value, ast.Tuple
+            )
+            if is_tuple and any(isinstance(t, ast.Tuple) for t in node.targets):
+                parallel += 1
+    n = len(code_lines)
+    return {
+        "characters per non-blank line": sum(map(len, lines)) / len(lines),
+        "lines over 88 columns": sum(len(line) > 88 for line in lines),
+        "conditional expressions per 100 code lines": 100 * conditionals / n,
+        "parallel assignments per 100 code lines": 100 * parallel / n,
+    }
+
+
+def test_the_core_reads_on_a_projector():
+    """engine + scheduler + runner, formatted: before issue 38, 66.8 characters a line,
+    28% of lines over 90 columns, 3.44 conditional expressions and 3.06 parallel
+    assignments per 100 code lines (nano-vllm: 47.6, 7.7%, 1.02, 0.25)."""
+    figures = readability(CORE)
+    assert figures["lines over 88 columns"] == 0, figures
+    assert figures["characters per non-blank line"] <= 50, figures
+    assert figures["conditional expressions per 100 code lines"] <= 1.5, figures
+    assert figures["parallel assignments per 100 code lines"] <= 0.5, figures
+
+
+def test_the_readability_figures_see_what_they_count():
+    source = "a, b = 1, 2\nc = 1 if a else 2\n"
+    tree = ast.parse(source)
+    assert sum(isinstance(n, ast.IfExp) for n in ast.walk(tree)) == 1
+    tokens = code_tokens('"""doc"""\n# a comment\nx = f(1)\n')
+    assert [t.string for t in tokens] == ["x", "=", "f", "(", "1", ")"]
+
+
+def test_no_function_of_the_core_is_over_thirty_lines():
+    """A lecturer projects one function at a time: 30 formatted lines fit a slide."""
+    long = []
+    for (owner, name), node in core_functions().items():
+        lines = node.end_lineno - node.lineno + 1
+        if lines > 30:
+            long.append(f"{owner}.{name}: {lines} lines")
+    assert not long, long
+
+
+def test_the_core_stays_within_its_token_budget():
+    """engine + scheduler + runner hold the mechanism only. Counted in code tokens,
+    which a formatter cannot hide: 6,072 before issue 38 (734 dense lines), 7,249
+    after it spelled the step out (named steps, keyword arguments, one assignment a
+    line). Raise the budget for clarity; move an idea onto a seam (policies/)."""
+    tokens = sum(len(code_tokens(MODULES[m].read_text())) for m in CORE)
+    assert tokens <= 7_600, f"the three core files have {tokens} code tokens"
 
 
 def test_the_steps_call_tree_stays_small():
-    """Followed from LLMEngine.step through the three files: 40 functions and 458 lines
-    before the seams, 31 and 341 after (nano-vllm's step: 11 functions, 170 lines, no
-    docstrings).
-    """
+    """Followed from LLMEngine.step through the three files: 47 functions of 631
+    formatted lines after issue 38 (31 dense functions of 341 lines before; nano-vllm's
+    step: 11 functions, 170 lines, no docstrings)."""
     functions = core_functions()
     tree = step_call_tree()
     lines = sum(functions[k].end_lineno - functions[k].lineno + 1 for k in tree)
-    assert ("Scheduler", "_admit") in tree and (
-        "ModelRunner",
-        "prepare",
-    ) in tree  # the walk finds the step
-    assert len(tree) <= 32 and lines <= 350, (
+    # the walk finds the step
+    assert ("Scheduler", "_admit") in tree and ("ModelRunner", "prepare") in tree
+    assert len(tree) <= 50 and lines <= 680, (
         f"{len(tree)} functions, {lines} lines: {sorted(tree, key=str)}"
     )
 
