@@ -27,7 +27,7 @@ from minipaged.policies.protocols import (
 from minipaged.policies.sjf import SJF, Aging
 from minipaged.policies.working_set import WorkingSet
 
-# option -> {name: policy class}: the seam table of DESIGN.md ("Policy and mechanism").
+# option -> {name: policy class}: the seam table of docs/architecture.md ("the seams").
 # The prefix cache's replacement seam is paging's own (paging/replacement.py); the
 # tier's is kv_offload_frames, speculation's is speculative_config
 # (minipaged.speculative).
