@@ -1,10 +1,12 @@
 """The lecture notes cannot go stale: their figures are exactly what
 scripts/make_figures.py draws now, the measured numbers they quote are the figures'
-numbers, every link and every
-`minipaged.…` name they cite exists, and the glossary covers DESIGN.md's vocabulary."""
+numbers, every link and every `minipaged.…` name they cite exists, the glossary covers
+the vocabulary of docs/architecture.md, no file cites a Markdown document the repository
+lacks, and the three indexes of the meetings list every meeting, in order."""
 
 import importlib
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -27,7 +29,7 @@ VOCABULARY = [
     "copy-on-write",
     "swap out / in",
     "page cache",
-]  # DESIGN.md's OS column
+]  # the OS column of docs/architecture.md (and of the glossary)
 
 
 @pytest.fixture(scope="module")
@@ -261,10 +263,11 @@ def test_serving_note_quotes_the_peak(regenerated):
 
 
 def test_glossary_covers_the_vocabulary():
-    glossary = (DOCS / "glossary.md").read_text()
-    defined = re.findall(r"^\| \*\*(.+?)\*\* \|", glossary, re.M)
-    assert [word for word in VOCABULARY if word not in defined] == []
-    assert len(defined) == len(set(defined))
+    for name in ("glossary.md", "architecture.md"):
+        text = (DOCS / name).read_text()
+        defined = re.findall(r"^\| \*\*(.+?)\*\* \|", text, re.M)
+        assert [word for word in VOCABULARY if word not in defined] == [], name
+        assert len(defined) == len(set(defined)), name
 
 
 def test_each_notebook_has_its_lecture_note():
@@ -335,3 +338,131 @@ def test_paper_note_quotes_the_figures_and_the_measurement(regenerated):
     ]
     assert f"predicted every point within {100 * max(below):.0f}%" in note
     assert f"missed by up to {100 * max(past):.0f}%" in note
+
+
+# ---- every Markdown document a file cites exists
+# What is read: code (its comments, docstrings and messages), the docs, the READMEs, the
+# notebooks' .py sources. Not bench/results/: each folder there records a past run as it
+# was, citing the documents of its day, and is not rewritten when a document is renamed.
+READ = {".py", ".md", ".cu", ".h", ".sh", ".toml", ".html"}
+NOT_READ = {"bench/results"}
+# a name ending in .md, as a path (docs/glossary.md, ../labs/README.md) or bare
+# (README.md); a placeholder in it ({number}, or N for a number: labN) stands for any
+# text
+CITED = re.compile(r"(?<![\w./{}:-])((?:[\w.{}-]+/)*[\w{}-][\w.{}-]*\.md)\b")
+PLACEHOLDER = re.compile(r"\{[^}]*\}|(?<![A-Z])N+(?![A-Z])")
+# names of files a program writes, not documents it cites: file -> names
+WRITTEN = {"scripts/rehearse_workshop.py": {"rehearsal.md"}}
+
+
+def read_files() -> list[Path]:
+    """The files whose text may cite a document, hidden folders and builds aside."""
+    found = []
+    for folder, subfolders, names in os.walk(ROOT):
+        here = Path(folder)
+        subfolders[:] = [
+            s
+            for s in subfolders
+            if not s.startswith((".", "__pycache__", "node_modules"))
+            and not s.endswith(".egg-info")
+            and (here / s).relative_to(ROOT).as_posix() not in NOT_READ
+        ]
+        found += [here / n for n in names if Path(n).suffix in READ or n == "Makefile"]
+    return sorted(found)
+
+
+def cited_documents(path: Path, text: str) -> list[tuple[int, str]]:
+    """(line, name) of each Markdown document `text` cites. In Python, a string literal
+    that is a file name and nothing else (`DOCS / "glossary.md"`) is a path the code
+    opens, not a citation: the code fails its own way when the file is missing."""
+    cited = []
+    for match in CITED.finditer(text):
+        before, after = text[match.start() - 1 : match.start()], text[match.end() :][:1]
+        if path.suffix == ".py" and before in {"'", '"'} and after == before:
+            continue
+        cited.append((text.count("\n", 0, match.start()) + 1, match.group(1)))
+    return cited
+
+
+def document_exists(path: Path, name: str) -> bool:
+    """Whether `name`, cited by the file `path`, is a file beside it or from the
+    root."""
+    pattern = PLACEHOLDER.sub("*", name)
+    for base in (path.parent, ROOT):
+        if pattern == name and (base / name).is_file():
+            return True
+        if pattern != name and any(base.glob(pattern)):
+            return True
+    return False
+
+
+def test_every_cited_markdown_document_exists():
+    missing = []
+    for path in read_files():
+        relative = path.relative_to(ROOT).as_posix()
+        for line, name in cited_documents(path, path.read_text(errors="replace")):
+            if name not in WRITTEN.get(relative, ()) and not document_exists(
+                path, name
+            ):
+                missing.append(f"{relative}:{line} cites {name}")
+    assert not missing, "no such document:\n" + "\n".join(missing)
+
+
+def test_the_citation_detector_sees_a_citation():
+    here = ROOT / "docs" / "note.md"
+    missing = "NOWHERE" + ".md"
+    found = cited_documents(
+        here, f"See {missing}, docs/{missing} and [a](../{missing})."
+    )
+    assert [name for _, name in found] == [missing, f"docs/{missing}", f"../{missing}"]
+    assert not document_exists(here, missing)
+    assert document_exists(here, "glossary" + ".md")  # beside the citing file
+    # a placeholder for a number: any lab's hints
+    assert document_exists(here, "labs/hints/lab" + "N.md")
+    code = ROOT / "tests" / "x.py"
+    assert cited_documents(code, f'DOCS / "{missing}"') == []  # a path the code opens
+    assert cited_documents(code, f'# see "{missing}"') == []
+    assert cited_documents(code, f'"as {missing} says"') == [(1, missing)]
+
+
+# ---- the indexes of the meetings: README's Learn, docs/README.md, notebooks/README.md
+def meetings() -> list[str]:
+    """The meetings in order, by the stem of their note and notebook (01_kv_cache_waste,
+    ...)."""
+    notes = [p.stem for p in NOTES]
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    assert notes == notebooks, "each docs/NN_*.md has its notebooks/NN_*.py"
+    assert [int(s[:2]) for s in notes] == list(range(1, len(notes) + 1))
+    return notes
+
+
+def index_entries(text: str, entry: str) -> list[tuple[int, str]]:
+    """(number, line) of each entry of an index: lines matching `entry`, whose first
+    group is the meeting's number."""
+    return [(int(m.group(1)), m.group(0)) for m in re.finditer(entry, text, re.M)]
+
+
+@pytest.mark.parametrize(
+    "index, entry, links",
+    [
+        ("README.md", r"^(\d+)\. .*$", ["(notebooks/{}.ipynb)", "(docs/{}.md)"]),
+        ("docs/README.md", r"^(\d+)\. .*$", ["({}.md)"]),
+        (
+            "notebooks/README.md",
+            r"^\| (\d+) \| .*$",
+            ["({}.ipynb)", "(../docs/{}.md)"],
+        ),
+    ],
+)
+def test_each_index_lists_every_meeting_in_order(index, entry, links):
+    text = (ROOT / index).read_text()
+    if index == "README.md":  # its "Learn" section
+        text = text.split("\n## Learn\n", 1)[1].split("\n## ", 1)[0]
+    entries = index_entries(text, entry)
+    stems = meetings()
+    assert [n for n, _ in entries] == [int(s[:2]) for s in stems], (
+        f"{index} lists meetings {[n for n, _ in entries]}"
+    )
+    for (number, line), stem in zip(entries, stems):
+        for link in links:
+            assert link.format(stem) in line, f"{index}, meeting {number}: no {link}"
