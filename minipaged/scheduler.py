@@ -276,8 +276,7 @@ class Scheduler:
             final_len, final_len
         )
 
-    # ---- sequences: fork, finish, free
-    # ----------------------------------------------------
+    # ---- sequences: fork, finish, free -----------------------------------------------
     def _fork(self, parent: Sequence, child: Sequence) -> Sequence:
         """fork(): the child maps all of the parent's frames (ref counts +1); the first
         write into a shared frame copies it. Samples fork at admission, beams when they
@@ -310,8 +309,7 @@ class Scheduler:
         if self.blocks.has(seq.seq_id):
             self.blocks.free(seq.seq_id, seq.num_computed)
 
-    # ---- the three phases
-    # ---------------------------------------------------------------
+    # ---- the three phases ------------------------------------------------------------
     def _reserve_decode_slots(self, batch: Batch) -> None:
         """Every live sequence of every running request gets a slot for its next token,
         preempting the victim's choice while the frames do not suffice: among this
@@ -415,8 +413,7 @@ class Scheduler:
             return 0
         return self.admission.growth(request, self.blocks, self._final_len(request))
 
-    # ---- the steps they share
-    # -------------------------------------------------------------
+    # ---- the steps they share --------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:
         """One new slot per live sequence for its last sampled token (copying a shared
         frame first where needed); the request runs this step."""

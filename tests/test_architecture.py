@@ -266,8 +266,7 @@ def test_no_function_on_the_request_path_is_over_eighty_lines():
     assert not long, long
 
 
-# ---- policy and mechanism: the step a lecture projects names no idea
-# -----------------------------
+# ---- policy and mechanism: the step a lecture projects names no idea -----------------
 CORE = ["minipaged.engine", "minipaged.scheduler", "minipaged.runner"]
 # each idea of the series, by the words that name it; a quoted policy name counts too
 IDEA_WORDS = re.compile(

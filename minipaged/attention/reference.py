@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged.attention.codecs import (
-    codec_for,
-)  # noqa: F401 (re-exported)
+# CODE_MAX and FP8_VALUES are re-exported for the notebooks and tests
+from minipaged.attention.codecs import CODE_MAX, FP8_VALUES, codec_for  # noqa: F401
 from minipaged.backend import cdiv
 
-# ---- 8-bit codes: value ~ code * scale (the codecs: minipaged.attention.codecs)
-# ------------------ An 8-bit cache stores codes, int8 (-127..127) or fp8 e4m3 bit
+# ---- 8-bit codes: value ~ code * scale (the codecs: minipaged.attention.codecs) ----
+# An 8-bit cache stores codes, int8 (-127..127) or fp8 e4m3 bit
 # patterns in uint8, and a float16 scale per (slot, KV head), for K and for V apart:
 # scales (num_blocks, block_size, kvh). Which codec codes them is the cache's (`codec=`,
 # from KVCache.scales_of), else the built-in one of its dtype. The names below are the
@@ -47,8 +46,7 @@ def write_coded(rows, cache, scales, slots, codec=None) -> None:
     cache.reshape(-1, *cache.shape[2:])[slots] = codec.encode(rows, scale)
 
 
-# ---- the contract
-# --------------------------------------------------------------------------------
+# ---- the contract --------------------------------------------------------------------
 
 
 def write_kv(

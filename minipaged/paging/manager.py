@@ -252,8 +252,7 @@ class BlockManager:
         """
         return self._device_table(seq_id).append_slot(token_id)
 
-    # ---- speculative decoding: slots for guesses, then rollback of the wrong ones
-    # -----------
+    # ---- speculative decoding: slots for guesses, then rollback of the wrong ones ----
     def append_guess_slots(self, seq_id: SeqId, n: int) -> tuple[int, list[CowPair]]:
         """Take slots for up to `n` guessed tokens after the sequence's tokens, while
         frames are free (a guess never preempts anyone): how many it took, and the
@@ -429,8 +428,7 @@ class BlockManager:
         (the last token is always computed: the model needs its logits)."""
         return self._cached_blocks(token_ids[:-1], self.tier)
 
-    # ---- the tier behind the pool (the drum)
-    # ---------------------------------------------------
+    # ---- the tier behind the pool (the drum) -----------------------------------------
     def add_tier(self, num_frames: int) -> None:
         """Put a tier of `num_frames` frames behind the prefix cache: a block the pool
         evicts is copied there, and a prompt that finds it there gets it copied back,
@@ -543,8 +541,8 @@ class BlockManager:
             )
         return table
 
-    # ---- views: copies of the state for pictures, dashboards and notebooks
-    # ------------------- Code outside paging/ reads the manager through these and the
+    # ---- views: copies of the state for pictures, dashboards and notebooks -----------
+    # Code outside paging/ reads the manager through these and the
     # public methods above, never through its tables or pools.
 
     def seq_ids(self) -> list[SeqId]:

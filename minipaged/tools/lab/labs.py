@@ -24,9 +24,8 @@ from minipaged.tools.lab import (
 )  # labs 10, 9 and 8
 from minipaged.tools.lab.grading import Property
 
-LABS_DIR = (
-    Path(__file__).resolve().parents[2] / "labs"
-)  # the starters, at the top of the repository
+# the starters, at the top of the repository (minipaged/tools/lab/ is three below)
+LABS_DIR = Path(__file__).resolve().parents[3] / "labs"
 
 
 @dataclass(frozen=True, slots=True)
