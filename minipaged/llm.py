@@ -166,8 +166,7 @@ class LLM:
         finally:
             self.last_output = self._forget(request_id) or self.last_output
 
-    # ---- several callers, one engine
-    # ----------------------------------------------------------
+    # ---- several callers, one engine -------------------------------------------------
     def _run_until(self, request_ids: list[str]) -> Iterator[None]:
         """Step the engine until these requests are finished. Every finished output goes
         to `unclaimed`, where its caller (generate, stream, or a user of `engine`)

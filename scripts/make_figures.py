@@ -154,8 +154,7 @@ def block_size_sweep(requests) -> tuple[LineChart, LineChart]:
     return waste, table
 
 
-# ---- 3. the kernel
-# -------------------------------------------------------------------------
+# ---- 3. the kernel -------------------------------------------------------------------
 
 
 def decode_floor() -> BarChart:
@@ -185,8 +184,7 @@ def decode_floor() -> BarChart:
     )
 
 
-# ---- 4. fork and copy-on-write
-# --------------------------------------------------------------
+# ---- 4. fork and copy-on-write -------------------------------------------------------
 
 
 def forked(num_samples: int = 4) -> BlockManager:
@@ -208,8 +206,7 @@ def copied_on_write() -> BlockManager:
     return manager
 
 
-# ---- 8. speculative decoding: guess slots and their rollback
-# -----------------------------------
+# ---- 8. speculative decoding: guess slots and their rollback -------------------------
 
 
 def guessing() -> BlockManager:
@@ -228,8 +225,7 @@ def rolled_back() -> BlockManager:
     return manager
 
 
-# ---- 9. page replacement: hit rate against pool size, each policy beside MIN
-# -------------------
+# ---- 9. page replacement: hit rate against pool size, each policy beside MIN ---------
 
 REPLACEMENT_RESULTS = (
     FIGURES.parent.parent
@@ -289,8 +285,7 @@ def sharing_savings() -> BarChart:
     )
 
 
-# ---- 5 and 6. the engine at work (SmolLM2 on the CPU)
-# ------------------------------------
+# ---- 5 and 6. the engine at work (SmolLM2 on the CPU) --------------------------------
 
 
 def random_requests(
@@ -430,8 +425,7 @@ def paper_figures() -> dict:
     }
 
 
-# ---- 10 and 11. thrashing and the working set; the order of the waiting queue
-# --------------
+# ---- 10 and 11. thrashing and the working set; the order of the waiting queue --------
 RESULTS = FIGURES.parent.parent / "bench" / "results"
 THRASHING_RESULTS = RESULTS / "2026-12-01-cpu-2core-numpy-thrashing" / "thrashing.json"
 SCHEDULING_RESULTS = (
@@ -487,8 +481,7 @@ def scheduling_figures() -> dict:
     }
 
 
-# ---- 12. the drum: a tier behind the KV pool
-# --------------------------------------------------
+# ---- 12. the drum: a tier behind the KV pool -----------------------------------------
 DRUM_RESULTS = (
     FIGURES.parent.parent
     / "bench"
@@ -519,8 +512,7 @@ def drum_figures() -> dict:
     }
 
 
-# ---- 13. policy and mechanism: the core's step and the seams around it
-# ---------------------------
+# ---- 13. policy and mechanism: the core's step and the seams around it ---------------
 
 
 class Drawing:

@@ -46,8 +46,7 @@ def test_array_module_and_to_numpy():
     assert backend.array_module(a) is np and backend.to_numpy(a) is a
 
 
-# ---- no device question at import
-# --------------------------------------------------------------
+# ---- no device question at import ----------------------------------------------------
 
 
 @pytest.mark.skipif(backend.cuda_available(), reason="this machine has a GPU")
@@ -76,8 +75,7 @@ def test_asking_for_cuda_fails_at_llm_not_at_import():
     )
 
 
-# ---- BLAS threads on a shared CPU
-# ----------------------------------------------------------------
+# ---- BLAS threads on a shared CPU ----------------------------------------------------
 
 
 @pytest.fixture
@@ -116,8 +114,7 @@ def test_busy_cores_sees_a_competing_process():
         spinner.wait()
 
 
-# ---- how a projection is computed on a CPU
-# -------------------------------------------------------
+# ---- how a projection is computed on a CPU -------------------------------------------
 
 
 @pytest.mark.parametrize("shape", [(576, 960), (8, 64), (5, 3), (16, 130)])

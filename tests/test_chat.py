@@ -71,8 +71,7 @@ def turn_notes(stderr: str) -> list[tuple[int, int, int]]:
     ]
 
 
-# ---- the options, the size parser, the block manager's cached_frames
-# -----------------------
+# ---- the options, the size parser, the block manager's cached_frames -----------------
 
 
 def test_help_explains_every_option(capsys):
@@ -230,8 +229,7 @@ def test_bytes_that_are_not_utf8_do_not_end_the_chat(model):
     )  # both lines answered, the first with U+FFFD for its bytes
 
 
-# ---- through a pipe: what scripts see
-# --------------------------------------------------------
+# ---- through a pipe: what scripts see ------------------------------------------------
 
 STATS = re.compile(
     r"^last answer:.*?^prefix-cache hits this conversation:[^\n]*\n", re.S | re.M
@@ -407,8 +405,7 @@ def test_an_empty_or_closed_standard_input_is_the_end_of_the_conversation(tiny, 
     assert "Traceback" not in result.stderr and "ready on cpu" in result.stderr
 
 
-# ---- through a terminal: what people see
-# -----------------------------------------------------
+# ---- through a terminal: what people see ---------------------------------------------
 
 
 @pytest.mark.slow

@@ -207,8 +207,7 @@ def test_bounds_that_are_not_zero():
         assert_one_line(*parse(name, args)[:2], SUBPARSERS[name].prog, args[0])
 
 
-# ---- end to end: `python -m ...`
-# ----------------------------------------------------------------
+# ---- end to end: `python -m ...` -----------------------------------------------------
 
 
 def run(*args, timeout=60) -> subprocess.CompletedProcess:
@@ -339,8 +338,7 @@ def test_a_threshold_no_rate_meets_is_one_line_not_a_hang(capsys):
     )
 
 
-# ---- the model's vocabulary
-# -----------------------------------------------------------------------
+# ---- the model's vocabulary ----------------------------------------------------------
 
 
 def test_random_prompts_stay_inside_a_small_vocabulary():

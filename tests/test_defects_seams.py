@@ -51,8 +51,7 @@ def load(kv: KVCache) -> np.ndarray:
     return kv.data[:, :, 1]
 
 
-# ---- 1. one owner per tier file
-# ----------------------------------------------------------------
+# ---- 1. one owner per tier file ------------------------------------------------------
 
 
 def in_use(path) -> str:
@@ -158,8 +157,7 @@ def test_two_engines_on_one_kv_offload_path(llm, tmp_path):
     third.kv.close()
 
 
-# ---- 2. a kv_offload_path that cannot hold a tier
-# ----------------------------------------------
+# ---- 2. a kv_offload_path that cannot hold a tier ------------------------------------
 
 
 def bad_paths(tmp_path) -> dict[str, tuple[str, str]]:
@@ -236,8 +234,7 @@ def test_the_engine_refuses_dev_null_naming_the_option(llm):
         )
 
 
-# ---- 3. bench --svg FILE in a folder that does not exist
-# ---------------------------------------
+# ---- 3. bench --svg FILE in a folder that does not exist -----------------------------
 
 
 def svg_benchmarks() -> list[str]:

@@ -102,8 +102,7 @@ class Pool:
                 )
 
 
-# ---- paging: store, hit, load, replacement, no leak
-# ------------------------------------------
+# ---- paging: store, hit, load, replacement, no leak ----------------------------------
 
 
 def test_an_evicted_block_is_stored_in_the_tier_and_loaded_back_on_a_hit():
@@ -312,8 +311,7 @@ def test_a_tier_needs_the_prefix_cache():
         BlockManager(4, 4).add_tier(0)
 
 
-# ---- the engine
-# ---------------------------------------------------------------------------
+# ---- the engine ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -373,8 +373,7 @@ def test_13_cached_tokens_count_prompt_hits_only(llm):
     ] * 8  # 3-token prompts: no whole block
 
 
-# ---- issue 18: defects found where strangers poke
-# ----------------------------------------------
+# ---- issue 18: defects found where strangers poke ------------------------------------
 
 
 def test_18_4_beams_count_their_width_against_max_num_seqs(folder):

@@ -86,8 +86,7 @@ def llm(folder):
     return LLM(str(folder), device="cpu", num_blocks=64, block_size=16)
 
 
-# ---- scenarios
-# ---------------------------------------------------------------------------------
+# ---- scenarios -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -544,8 +543,7 @@ def draw_structure(rng, words) -> StructuredOutputsParams | None:
     return StructuredOutputsParams(regex="(" + "|".join(map(re.escape, picks)) + ")+")
 
 
-# ---- failures and statistics
-# -------------------------------------------------------------------
+# ---- failures and statistics ---------------------------------------------------------
 
 
 class FuzzFailure(AssertionError):
@@ -637,8 +635,7 @@ def failure_summary(stats: Stats, repro: str) -> str:
     return "\n".join(lines)
 
 
-# ---- invariants, checked with code of our own
-# ---------------------------------------------------
+# ---- invariants, checked with code of our own ----------------------------------------
 
 
 class Checker:
@@ -893,8 +890,7 @@ class WriteGuard:
         return self._impl.write_kv(k, v, k_cache, v_cache, slot_mapping, **scales)
 
 
-# ---- checks on outputs
-# -------------------------------------------------------------------------
+# ---- checks on outputs ---------------------------------------------------------------
 
 
 def check_output(
@@ -1134,8 +1130,7 @@ def alone(
     return ALONE[key]
 
 
-# ---- one scenario
-# -------------------------------------------------------------------------------
+# ---- one scenario --------------------------------------------------------------------
 
 
 def engine_options(sc: Scenario) -> dict:
@@ -1437,8 +1432,7 @@ def test_named_scenario(llm, name, capsys):
     assert not stats.failures, failure_summary(stats, repro)
 
 
-# ---- generate / stream / add_request interleavings on one LLM
-# -----------------------------------
+# ---- generate / stream / add_request interleavings on one LLM ------------------------
 
 
 def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:

@@ -41,8 +41,7 @@ def decoded(cache, scales, n: int) -> np.ndarray:
     return reference.decode_codes(cache, scales).reshape(-1, *cache.shape[2:])[:n]
 
 
-# ---- codes
-# ---------------------------------------------------------------------------------------
+# ---- codes ---------------------------------------------------------------------------
 
 
 def test_int8_round_trip_is_within_half_a_step_of_each_rows_scale():
@@ -110,8 +109,7 @@ def test_a_rows_codes_do_not_depend_on_how_its_frame_was_written():
     assert (cache == at_once[0]).all() and (scales == at_once[1]).all()
 
 
-# ---- attention
-# -----------------------------------------------------------------------------------
+# ---- attention -----------------------------------------------------------------------
 
 
 def coded_case(
@@ -234,8 +232,7 @@ def test_v7_says_what_it_reads():
         )
 
 
-# ---- memory
-# --------------------------------------------------------------------------------------
+# ---- memory --------------------------------------------------------------------------
 
 
 def test_the_same_bytes_hold_about_4x_the_frames_of_float32_and_2x_of_float16():
@@ -306,8 +303,7 @@ def test_kvcache_moves_copy_the_scales_with_their_frames():
     assert all((a == b).all() for a, b in zip(frame(2), before[1]))
 
 
-# ---- the engine
-# ----------------------------------------------------------------------------------
+# ---- the engine ----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -409,8 +405,7 @@ def test_an_8bit_run_under_pressure_equals_the_same_run_with_ample_memory(
         assert preempted > 0
 
 
-# ---- the seam: a codec of one's own
-# ----------------------------------------------------------------
+# ---- the seam: a codec of one's own --------------------------------------------------
 
 
 class Coarse(codecs.Int8):

@@ -181,8 +181,7 @@ def test_llama3_rope_scaling_matches_formula():
     )
 
 
-# ---- errors that say what was wrong
-# --------------------------------------------------------
+# ---- errors that say what was wrong --------------------------------------------------
 
 
 def test_unsupported_architecture(tiny):

@@ -37,8 +37,7 @@ def state(manager: BlockManager):
     )
 
 
-# ---- frames
-# -------------------------------------------------------------------------------
+# ---- frames --------------------------------------------------------------------------
 
 
 def test_allocator_hands_out_each_frame_once_then_runs_out():
@@ -69,8 +68,7 @@ def test_ref_counts_and_double_free():
         allocator.free(7)
 
 
-# ---- demand paging and slots
-# -----------------------------------------------------------------
+# ---- demand paging and slots ---------------------------------------------------------
 
 
 def test_a_frame_is_taken_only_when_the_last_one_is_full():
@@ -126,8 +124,7 @@ def test_step_inputs_pad_block_tables_and_map_new_tokens_to_slots():
         manager.slots("b", 0, 4)
 
 
-# ---- fork and copy-on-write
-# -------------------------------------------------------------------
+# ---- fork and copy-on-write ----------------------------------------------------------
 
 
 def test_fork_shares_frames_and_the_first_write_copies_the_shared_block():
@@ -166,8 +163,7 @@ def test_forking_4_samples_of_a_500_token_prompt_copies_only_the_partial_block()
     )  # shared prompt blocks counted once
 
 
-# ---- prefix cache
-# -------------------------------------------------------------------------------
+# ---- prefix cache --------------------------------------------------------------------
 
 
 def test_a_request_reuses_the_frames_of_its_longest_cached_prefix():
@@ -231,8 +227,7 @@ def test_hash_collisions_are_misses_because_token_ids_are_compared(monkeypatch):
     assert cache.lookup(7, [1, 2]) is None
 
 
-# ---- running out: all or nothing
-# ------------------------------------------------------------------
+# ---- running out: all or nothing -----------------------------------------------------
 
 
 def test_running_out_raises_a_catchable_error_and_changes_nothing():
@@ -254,8 +249,7 @@ def test_running_out_raises_a_catchable_error_and_changes_nothing():
     assert state(manager) == before and "d" not in manager.tables
 
 
-# ---- swap
-# ---------------------------------------------------------------------------------------
+# ---- swap ----------------------------------------------------------------------------
 
 
 def test_swap_out_and_in_moves_frames_and_their_contents():
@@ -301,8 +295,7 @@ def test_a_swapped_out_sequence_must_come_back_before_it_grows():
         manager.swap_out("a")
 
 
-# ---- KV storage
-# -----------------------------------------------------------------------------------
+# ---- KV storage ----------------------------------------------------------------------
 
 
 def test_kv_cache_shapes_writes_and_copy_on_write_pairs():
@@ -391,8 +384,7 @@ def test_sizing_from_a_memory_budget():
         num_blocks_for_memory(1000, 30, 3, 64, 16, "float16")
 
 
-# ---- the static baseline and accounting
-# -------------------------------------------------------------
+# ---- the static baseline and accounting ----------------------------------------------
 
 
 def test_accounting_paged_vs_static_for_the_same_sequences():
@@ -442,8 +434,7 @@ def test_memory_benchmark_paging_uses_over_96_percent_static_far_less(capsys):
     )
 
 
-# ---- views: what pictures and dashboards read
-# -------------------------------------------------------
+# ---- views: what pictures and dashboards read ----------------------------------------
 
 
 def owners_by_frame(manager) -> list:
@@ -555,8 +546,7 @@ def test_the_baselines_views_show_their_reservations():
     assert static.table_view("a").num_tokens == 3
 
 
-# ---- bad input
-# --------------------------------------------------------------------------------------
+# ---- bad input -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

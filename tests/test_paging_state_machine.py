@@ -50,8 +50,7 @@ class PagingMachine(RuleBasedStateMachine):
         self.seen: list[list[int]] = []  # prompts and sequences, to share prefixes with
         self.next_id = 0
 
-    # ---- helpers
-    # -------------------------------------------------------------------------
+    # ---- helpers ---------------------------------------------------------------------
 
     def on_device(self) -> list[int]:
         return [s for s in self.shadow if not self.manager.is_swapped(s)]
@@ -105,8 +104,7 @@ class PagingMachine(RuleBasedStateMachine):
         self.seen.append(list(prompt))
         self.write(seq_id, self.manager.slots(seq_id, cached, len(prompt)), cached)
 
-    # ---- rules
-    # ---------------------------------------------------------------------------
+    # ---- rules -----------------------------------------------------------------------
 
     @rule(prompt=st.lists(tokens, min_size=1, max_size=14))
     def add_sequence(self, prompt):
@@ -171,8 +169,7 @@ class PagingMachine(RuleBasedStateMachine):
         except NoFreeFramesError:
             assert self.snapshot() == before
 
-    # ---- invariants, after every step
-    # ----------------------------------------------------
+    # ---- invariants, after every step ------------------------------------------------
 
     @invariant()
     def every_frame_is_free_or_owned_once(self):

@@ -187,8 +187,7 @@ def test_bench_decode_shows_progress_on_stderr_and_json_on_stdout():
     assert "decode, batch 2: 100%" in result.stderr and "4/4" in result.stderr
 
 
-# ---- the README's Python, in order
-# -----------------------------------------------------------
+# ---- the README's Python, in order ---------------------------------------------------
 
 
 def readme_python() -> str:

@@ -17,8 +17,7 @@ from minipaged.paging import REPLACEMENT_POLICIES, PrefixCache
 from minipaged.tools.bench import replacement as rp
 from minipaged.tools.bench.workload import chat_trace
 
-# ---- the policies, one by one, on a cache of four frames
-# -----------------------------------
+# ---- the policies, one by one, on a cache of four frames -----------------------------
 
 
 def evictions(policy: str, hit: list[int] = ()) -> list[int]:
@@ -82,8 +81,7 @@ def test_a_bad_policy_name_says_which_there_are(tiny):
         LLM(str(tiny()), device="cpu", prefix_cache_policy="LRU")
 
 
-# ---- MIN is the optimum, computed exactly
-# ------------------------------------------------------
+# ---- MIN is the optimum, computed exactly --------------------------------------------
 
 
 def test_min_matches_the_textbook_on_the_anomaly_string():
@@ -209,8 +207,7 @@ def test_the_no_eviction_pool_is_the_smallest_where_nothing_is_evicted():
     )
 
 
-# ---- Belady's anomaly
-# ---------------------------------------------------------------------------
+# ---- Belady's anomaly ----------------------------------------------------------------
 
 
 def test_fifo_shows_beladys_anomaly_on_chat_traces_and_lru_and_min_do_not():
@@ -230,8 +227,7 @@ def test_fifo_shows_beladys_anomaly_on_chat_traces_and_lru_and_min_do_not():
     )  # stack algorithms: never
 
 
-# ---- the real engine: same tokens under every policy, different hits
-# ---------------------------
+# ---- the real engine: same tokens under every policy, different hits -----------------
 
 
 def serve_one_at_a_time(engine, prompts) -> list[list[int]]:
@@ -288,8 +284,7 @@ def test_every_policy_gives_the_engines_greedy_tokens_and_its_own_hits(tiny):
     assert hits["lru"] > hits["fifo"], hits
 
 
-# ---- the benchmark
-# -----------------------------------------------------------------------------
+# ---- the benchmark -------------------------------------------------------------------
 
 
 def test_the_benchmark_reports_every_policy_beside_min(capsys):

@@ -36,8 +36,7 @@ def llm(tmp_path_factory):
     return LLM(str(folder), device="cpu", num_blocks=128, block_size=4)
 
 
-# ---- the plain NumPy specification
-# ----------------------------------------------------------
+# ---- the plain NumPy specification ---------------------------------------------------
 
 
 def teacher_forced_logits(model, token_ids: list[int]) -> np.ndarray:
@@ -98,8 +97,7 @@ def generate(llm, prompt, params, **engine_options):
 GREEDY = dict(temperature=0, max_tokens=12, ignore_eos=True)
 
 
-# ---- neutral values
-# ---------------------------------------------------------------------------
+# ---- neutral values ------------------------------------------------------------------
 
 
 def test_neutral_controls_change_nothing(llm):
@@ -132,8 +130,7 @@ def test_neutral_controls_change_nothing(llm):
     assert np.array_equal(adjust(logits, params, [seq, seq]), logits)
 
 
-# ---- each control against NumPy
-# ---------------------------------------------------------------
+# ---- each control against NumPy ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -283,8 +280,7 @@ def test_min_tokens_delays_stop_strings(llm):
     assert late.token_ids[: i + 2] == base.token_ids[: i + 2]
 
 
-# ---- logprobs
-# ---------------------------------------------------------------------------------
+# ---- logprobs ------------------------------------------------------------------------
 
 
 def check_logprobs(out, num: int):
@@ -398,8 +394,7 @@ def test_prompt_logprobs_equal_a_teacher_forced_forward(llm, engine_options):
         )
 
 
-# ---- where the controls meet other ideas
-# ------------------------------------------------------
+# ---- where the controls meet other ideas ---------------------------------------------
 
 
 def test_speculation_leaves_adjusted_requests_to_the_sampler(llm):

@@ -182,8 +182,7 @@ def test_soak_2000_requests_return_every_frame(folder):
     assert_all_frames_back(llm)
 
 
-# ---- sharing: parallel samples and beams
-# ------------------------------------------------------
+# ---- sharing: parallel samples and beams ---------------------------------------------
 
 
 def peak_frames(llm, prompt, params_list):
@@ -251,8 +250,7 @@ def logp_of(model, prompt, completion):
     return [logp[len(prompt) - 1 + i, t] for i, t in enumerate(completion)]
 
 
-# ---- bad input: that request only
-# ------------------------------------------------------------
+# ---- bad input: that request only ----------------------------------------------------
 
 
 def test_bad_requests_are_refused_and_the_rest_finish(folder):

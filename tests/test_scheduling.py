@@ -84,8 +84,7 @@ class Run:
         return sorted(self.admitted, key=lambda rid: (self.admitted[rid], int(rid)))
 
 
-# ---- the orders
-# ---------------------------------------------------------------------------------
+# ---- the orders ----------------------------------------------------------------------
 ORDERS = {"fcfs": ["1", "2", "3"], "sjf": ["2", "3", "1"], "priority": ["1", "3", "2"]}
 
 
@@ -144,8 +143,7 @@ def test_priority_preempts_the_least_urgent_request_not_the_newest():
     assert victims == {"fcfs": "1", "priority": "0"}
 
 
-# ---- starvation, and aging's bound
-# ----------------------------------------------------------------
+# ---- starvation, and aging's bound ---------------------------------------------------
 LONG_PROMPT, LONG_OUT, AGING_RATE = 40, 10, 1.0
 
 
@@ -196,8 +194,7 @@ def test_aging_admits_the_long_job_within_its_bound():
     assert run.admitted["1"] - run.arrived["1"] <= 2 * len(ahead)
 
 
-# ---- working-set admission
-# -------------------------------------------------------------------------
+# ---- working-set admission -----------------------------------------------------------
 def burst(run: Run, num=30, seed=2, start=0):
     rng = np.random.default_rng(seed)
     for i in range(start, start + num):
@@ -262,8 +259,7 @@ def test_working_set_never_stalls_even_with_a_huge_window(window):
     assert len(run.admitted) == 13
 
 
-# ---- options at the door
-# --------------------------------------------------------------------------
+# ---- options at the door -------------------------------------------------------------
 @pytest.mark.parametrize(
     "options, words",
     [
@@ -284,8 +280,7 @@ def test_every_order_and_admission_is_listed():
     assert set(ADMISSIONS) == {"greedy", "working-set"}
 
 
-# ---- outputs unchanged (a tiny random checkpoint)
-# ------------------------------------------------
+# ---- outputs unchanged (a tiny random checkpoint) ------------------------------------
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     from checkpoints import write_checkpoint
@@ -361,8 +356,7 @@ def test_outputs_equal_each_request_run_alone(folder, policy, admission):
     )
 
 
-# ---- the benchmarks' simulated parts, small
-# ------------------------------------------------------
+# ---- the benchmarks' simulated parts, small ------------------------------------------
 def test_thrashing_benchmark_working_set_near_the_best_hand_tuned_with_fewer_preemptions():
     from argparse import Namespace
 

@@ -52,8 +52,7 @@ PREAMBLE = "you are a helpful assistant who explains the paged kv cache and its 
 PROJECTOR = {"width": 1280, "height": 720}
 
 
-# ---- colours and letters
-# -------------------------------------------------------------------
+# ---- colours and letters -------------------------------------------------------------
 
 
 def lab(colour: str) -> tuple[float, float, float]:
@@ -161,8 +160,7 @@ def test_a_request_keeps_its_colour_and_letter_to_its_last_step(tiny_llm):
     assert dashboard.latest["counters"]["tokens_per_s"] == 0  # idle
 
 
-# ---- counters
-# --------------------------------------------------------------------------------
+# ---- counters ------------------------------------------------------------------------
 
 
 def test_prefix_cache_hits_are_counted_when_a_sequence_is_admitted():
@@ -311,8 +309,7 @@ def test_tokens_per_s_is_a_sliding_window_that_falls_to_zero():
     assert fresh.tokens_per_s(2000 + 0.95) == pytest.approx(40, rel=0.1)
 
 
-# ---- each client's service
-# ------------------------------------------------------------------
+# ---- each client's service -----------------------------------------------------------
 
 
 def test_a_client_is_shown_by_address_and_a_hash_of_its_key_never_the_key():
@@ -460,8 +457,7 @@ def test_a_clients_share_is_of_the_tokens_computed_in_the_last_window():
     assert dashboard._clients(engine, {}, now=1000 + 30) == []
 
 
-# ---- in a browser
-# ----------------------------------------------------------------------------
+# ---- in a browser --------------------------------------------------------------------
 
 
 def chromium() -> str:

@@ -63,8 +63,7 @@ def events(response: httpx.Response) -> list[dict]:
     return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
 
 
-# ---- fields: unknown ones ignored, known ones checked
-# -----------------------------------------
+# ---- fields: unknown ones ignored, known ones checked --------------------------------
 
 
 def test_unknown_fields_are_ignored_at_the_top_and_in_a_message_and_logged_once(
@@ -233,8 +232,7 @@ def test_a_negative_seed_is_taken_as_vllm_takes_any_int64(tiny_llm, url):
     assert other.choices[0].finish_reason in ("stop", "length")
 
 
-# ---- vLLM's routes
-# -------------------------------------------------------------------------
+# ---- vLLM's routes -------------------------------------------------------------------
 
 
 def test_tokenize_detokenize_tokenizer_info_version_and_ping(tiny_llm, url):
@@ -535,8 +533,7 @@ def test_truncation_side_right_keeps_the_first_tokens_left_the_last(
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "truncation_side"
 
 
-# ---- behaviours
-# ------------------------------------------------------------------------------
+# ---- behaviours ----------------------------------------------------------------------
 
 
 def test_stop_reason_names_the_stop_string_or_token(tiny_llm, url):
@@ -935,8 +932,7 @@ def test_a_body_that_is_not_json_is_a_415(url):
     assert ok.status_code == 200
 
 
-# ---- metrics under vLLM's names
-# --------------------------------------------------------------
+# ---- metrics under vLLM's names ------------------------------------------------------
 
 # vLLM's tests/entrypoints/openai/test_metrics.py, EXPECTED_METRICS_V1 (not the
 # deprecated gpu_*)

@@ -38,8 +38,7 @@ def llm(tmp_path_factory):
     )
 
 
-# ---- the option
-# ----------------------------------------------------------------------------
+# ---- the option ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -116,8 +115,7 @@ def test_combinations_that_cannot_speculate_are_refused(llm):
     assert not engine.has_unfinished_requests()
 
 
-# ---- the n-gram proposer
-# ---------------------------------------------------------------------
+# ---- the n-gram proposer -------------------------------------------------------------
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():
@@ -132,8 +130,7 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert ngram_propose([4], 3, 1, 3) == []
 
 
-# ---- rollback in the page table
-# ------------------------------------------------------------------
+# ---- rollback in the page table ------------------------------------------------------
 
 
 def test_guess_slots_roll_back_and_return_the_frames_they_took():
@@ -200,8 +197,7 @@ def test_guess_slots_stop_where_the_frames_run_out_without_changing_anything_els
     assert manager.num_tokens("s") == 3
 
 
-# ---- acceptance: greedy exact, sampled the model's own distribution
-# ----------------------------------
+# ---- acceptance: greedy exact, sampled the model's own distribution ------------------
 
 
 def test_greedy_acceptance_keeps_guesses_up_to_the_first_wrong_one_then_the_argmax():
@@ -277,8 +273,7 @@ def test_the_distribution_test_can_fail():
     assert total_variation(np.array(wrong), distribution(logits[0], params)) > 0.1
 
 
-# ---- the engine: the same outputs with and without speculation
-# --------------------------------------
+# ---- the engine: the same outputs with and without speculation -----------------------
 
 
 def run(engine, requests, abort_at=None):

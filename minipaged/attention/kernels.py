@@ -36,8 +36,7 @@ CODE_CTYPE = (  # an 8-bit cache's codes: copy_blocks copies their bytes as they
 )
 
 
-# ---- names
-# ---------------------------------------------------------------------------------------
+# ---- names ---------------------------------------------------------------------------
 
 
 def source_of(name: str) -> str:
@@ -105,8 +104,7 @@ def pick_version(
     return 5
 
 
-# ---- checks that turn a wrong call into a message
-# ------------------------------------------------
+# ---- checks that turn a wrong call into a message ------------------------------------
 
 
 def _check_cache(cache, q_dtype=None, codes: bool = False) -> None:
@@ -206,8 +204,7 @@ def _check_coded(k_cache, v_cache, k_scales, v_scales) -> None:
             )
 
 
-# ---- the launches
-# --------------------------------------------------------------------------------
+# ---- the launches --------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,7 @@ import numpy as np
 
 from minipaged.backend import cdiv
 
-# ---- BLAS threads on a shared CPU
-# ----------------------------------------------------------------
+# ---- BLAS threads on a shared CPU ----------------------------------------------------
 
 
 def fit_blas_threads(samples: int = 5) -> int:
@@ -154,8 +153,7 @@ def _blas_controllers():
     return ThreadpoolController().select(user_api="blas").lib_controllers
 
 
-# ---- How a projection `x @ w` is computed on a CPU
-# -----------------------------------------------
+# ---- How a projection `x @ w` is computed on a CPU -----------------------------------
 #
 # A decode step multiplies a few rows, one per running sequence, by every weight matrix
 # of the model: 538 MB for SmolLM2-135M in float32. The work is small (2 flops per

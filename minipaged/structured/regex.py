@@ -211,7 +211,6 @@ class Parser:
 
 
 # ---- Thompson's construction: each part of the tree becomes a fragment (start, end)
-# ----------
 
 
 @dataclass

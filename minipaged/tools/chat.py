@@ -37,8 +37,7 @@ COMMANDS = {
 SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
-# ---- options
-# -------------------------------------------------------------------------------
+# ---- options -------------------------------------------------------------------------
 
 
 def parse_size(text: str) -> int:
@@ -184,8 +183,7 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-# ---- the conversation
-# ------------------------------------------------------------------------
+# ---- the conversation ----------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -381,8 +379,7 @@ def say_to_model(session: Session, message: str) -> None:
         session.turns.pop()
 
 
-# ---- commands
-# -------------------------------------------------------------------------------
+# ---- commands ------------------------------------------------------------------------
 
 
 def stats_text(session: Session) -> str:
@@ -524,8 +521,7 @@ def run_command(session: Session, line: str) -> bool:
     return True
 
 
-# ---- the loop
-# ---------------------------------------------------------------------------------
+# ---- the loop ------------------------------------------------------------------------
 
 
 def read_message(session: Session) -> str | None:

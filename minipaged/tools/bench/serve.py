@@ -445,8 +445,7 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# ---- the room workload
-# ---------------------------------------------------------------------------
+# ---- the room workload ---------------------------------------------------------------
 def room_plan(args, vocab: int) -> list[list[tuple[float, list[int]]]]:
     """Per participant: (pause before it in seconds, prompt token ids) of each short
     request, the same for every run: --requests spread over --room-clients, pauses of

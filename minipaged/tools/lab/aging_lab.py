@@ -88,8 +88,7 @@ def expect(m, rate: float, waiting: list[Request], now: int, why: str) -> None:
         )
 
 
-# ---- the properties
-# ---------------------------------------------------------------------------
+# ---- the properties ------------------------------------------------------------------
 
 
 def job_size_is_prompt_plus_max_tokens(m) -> None:
@@ -288,8 +287,7 @@ PROPERTIES = [
 ]
 
 
-# ---- the run: the model served with their waiting order
-# -----------------------------------------
+# ---- the run: the model served with their waiting order ------------------------------
 
 RUN_RATE = 4.0
 ENGINE = dict(

@@ -67,8 +67,7 @@ def check(
     return code
 
 
-# ---- the parent: start the child, wait for each step within its limit
-# -------------------------
+# ---- the parent: start the child, wait for each step within its limit ----------------
 
 
 def supervise(
@@ -170,8 +169,7 @@ def how_it_ended(
     )
 
 
-# ---- the child: the check itself, each step announced with its limit
-# -------------------------
+# ---- the child: the check itself, each step announced with its limit -----------------
 
 
 def grade(

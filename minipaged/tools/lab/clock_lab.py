@@ -176,8 +176,7 @@ def left_removes_from_the_ring(m) -> None:
     )
 
 
-# ---- the trace: hit rates beside FIFO, LRU and MIN
-# --------------------------------------------
+# ---- the trace: hit rates beside FIFO, LRU and MIN -----------------------------------
 
 BLOCK_SIZE, CONCURRENCY, POOLS = 4, 2, (28, 39, 50)
 

@@ -181,8 +181,7 @@ def serve(
     return lines + ["", f"your frames at {when}:", text, f"picture: {picture}"]
 
 
-# ---- a small random model, for machines without the real one
-# -----------------------------------
+# ---- a small random model, for machines without the real one -------------------------
 
 
 def random_model() -> Path:

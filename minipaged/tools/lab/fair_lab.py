@@ -95,8 +95,7 @@ def expect_pick(
         raise Failed(given, f"pick chose {chosen.request_id}, expected {right}: {why}")
 
 
-# ---- the properties
-# ---------------------------------------------------------------------------
+# ---- the properties ------------------------------------------------------------------
 
 
 def served_counts_weighted_tokens(m) -> None:
@@ -397,8 +396,7 @@ PROPERTIES = [
 ]
 
 
-# ---- the run: the model served with their waiting order
-# -----------------------------------------
+# ---- the run: the model served with their waiting order ------------------------------
 
 ENGINE = dict(
     block_size=4, num_blocks=128, max_num_seqs=2, enable_prefix_caching=False

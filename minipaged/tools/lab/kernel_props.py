@@ -136,8 +136,7 @@ def first_error(log: str) -> str:
     )
 
 
-# ---- the properties
-# ------------------------------------------------------------------------------
+# ---- the properties ------------------------------------------------------------------
 
 
 def _where(offset: int, block_size: int, num_kv_heads: int) -> str:

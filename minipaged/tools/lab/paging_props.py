@@ -78,8 +78,7 @@ def _mapped(m, num_blocks: int, block_size: int, num_tokens: int):
     return pool, m.BlockTable(pool, frames, tokens, hashes)
 
 
-# ---- lab 1: demand paging
-# ------------------------------------------------------------------------
+# ---- lab 1: demand paging ------------------------------------------------------------
 
 
 def allocate_hands_out_each_frame_once(m) -> None:
@@ -517,8 +516,7 @@ def random_mixes(lab: int, fork: bool):
     return check
 
 
-# ---- lab 2: fork and copy-on-write
-# ---------------------------------------------------------------
+# ---- lab 2: fork and copy-on-write ---------------------------------------------------
 
 
 def incref_of_a_free_frame_is_an_error(m) -> None:
@@ -738,8 +736,7 @@ def a_copy_without_a_free_frame_changes_nothing(m) -> None:
         )
 
 
-# ---- lab 3: the prefix cache
-# ---------------------------------------------------------------------
+# ---- lab 3: the prefix cache ---------------------------------------------------------
 
 
 def hash_is_a_pure_function_of_its_inputs(m) -> None:

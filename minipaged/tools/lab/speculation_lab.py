@@ -27,8 +27,7 @@ def solution() -> dict:
     return {"ngram_propose": ngram.ngram_propose, "BlockTable": paging.BlockTable}
 
 
-# ---- the n-gram proposer
-# ------------------------------------------------------------------------
+# ---- the n-gram proposer -------------------------------------------------------------
 
 
 def expect_guess(
@@ -124,8 +123,7 @@ def none_found(m) -> None:
     expect_guess(m, [1, 2, 3, 4], 2, 1, 5, "no token repeats")
 
 
-# ---- the rollback: BlockTable.truncate
-# ----------------------------------------------------------
+# ---- the rollback: BlockTable.truncate -----------------------------------------------
 
 
 def filled(cls, allocator, tokens: int, guesses: int = 0):
@@ -360,8 +358,7 @@ SPECULATION = [
 ]
 
 
-# ---- the engine run: speculation with the participant's pieces
-# --------------------------------
+# ---- the engine run: speculation with the participant's pieces -----------------------
 
 ENGINE = dict(num_blocks=48, block_size=4, max_num_seqs=4, enable_prefix_caching=False)
 SPECULATIVE = {

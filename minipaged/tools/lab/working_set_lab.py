@@ -139,8 +139,7 @@ def a_reserved_chunk_grows_by_nothing(m) -> None:
     )
 
 
-# ---- the payoff: a burst that makes greedy admission thrash
-# -----------------------------------
+# ---- the payoff: a burst that makes greedy admission thrash --------------------------
 
 BURST = dict(frames=18, prompts=[4] * 10, max_tokens=32, max_num_seqs=16)
 BURST_SAID = (
@@ -238,8 +237,7 @@ WORKING_SET = [
 ]
 
 
-# ---- the engine run: the participant's admission beside the built-in one
-# ----------------------
+# ---- the engine run: the participant's admission beside the built-in one -------------
 
 QUESTIONS = [
     "What is a page table ?",

@@ -167,8 +167,7 @@ class Server:
         yield
         self.loop.stop()
 
-    # ---- routes
-    # ----------------------------------------------------------------------------
+    # ---- routes ----------------------------------------------------------------------
     def _routes(self, app: FastAPI) -> FastAPI:
         app.exception_handler(APIError)(
             lambda request, error: JSONResponse(
@@ -646,8 +645,7 @@ class Server:
             else self.dashboard.public
         )
 
-    # ---- a request, checked
-    # -------------------------------------------------------------------
+    # ---- a request, checked ----------------------------------------------------------
     def _has_key(self, request: Request, in_query: bool = False) -> bool:
         """No --api-key, or the request has it: 'Authorization: Bearer <key>' (or
         ?key=<key>
@@ -871,8 +869,7 @@ class Server:
         """
         return (self.num_frames // n) * self.block_size - prompt_len
 
-    # ---- a request, run
-    # ------------------------------------------------------------------------
+    # ---- a request, run --------------------------------------------------------------
     async def _generate(
         self, request: Request, body, prompts: list[dict], chat: bool
     ) -> Response:

@@ -174,8 +174,7 @@ class Dashboard:
             deque()
         )  # (time, client's name -> tokens computed)
 
-    # ---- the engine loop's watcher interface (engine thread)
-    # ---------------------------------
+    # ---- the engine loop's watcher interface (engine thread) -------------------------
     def stepped(self, engine, report, idle: bool) -> None:
         now = time.perf_counter()
         if report is not None:
@@ -275,8 +274,7 @@ class Dashboard:
             sum(n for t, n in self.recent if t >= start) / max(now - start, 1e-3), 1
         )
 
-    # ---- one snapshot
-    # ------------------------------------------------------------------------
+    # ---- one snapshot ----------------------------------------------------------------
     def snapshot(self, engine, now: float) -> dict:
         s, blocks = engine.scheduler, engine.blocks
         queues = {

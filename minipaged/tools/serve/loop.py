@@ -106,8 +106,7 @@ class EngineLoop:
             target=self._run, name="minipaged-engine", daemon=True
         )
 
-    # ---- called from the HTTP server's event loop
-    # -----------------------------------------
+    # ---- called from the HTTP server's event loop ------------------------------------
     def add_request(
         self,
         request_id: str,
@@ -164,8 +163,7 @@ class EngineLoop:
         self.inbox.put(("stop",))
         self.thread.join(timeout=10)
 
-    # ---- the engine thread
-    # ------------------------------------------------------------------
+    # ---- the engine thread -----------------------------------------------------------
     def _run(self) -> None:
         try:
             while self._take_inbox(block=not self.engine.has_unfinished_requests()):

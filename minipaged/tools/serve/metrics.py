@@ -334,8 +334,7 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry) + generate_latest(self.vllm)
 
-    # ---- the engine loop's watcher interface (engine thread)
-    # ---------------------------------
+    # ---- the engine loop's watcher interface (engine thread) -------------------------
     def stepped(self, engine, report, idle: bool) -> None:
         if report is not None:
             self.preemptions.inc(len(report.preempted))

@@ -523,8 +523,7 @@ class DetokenizeRequest(Strict):
     tokens: list[TokenId]
 
 
-# ---- reading a body
-# --------------------------------------------------------------------------
+# ---- reading a body ------------------------------------------------------------------
 
 
 class HugeNumber:
@@ -803,8 +802,7 @@ def field_name(loc) -> str:
     return name or "body"
 
 
-# ---- responses
-# -------------------------------------------------------------------------------
+# ---- responses -----------------------------------------------------------------------
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -869,8 +867,7 @@ def envelope(
     }
 
 
-# ---- response shapes, for the OpenAPI schema (the dicts above are what is sent)
-# ---------------
+# ---- response shapes, for the OpenAPI schema (the dicts above are what is sent) ------
 
 FinishReason = Literal["stop", "length", "abort"] | None
 

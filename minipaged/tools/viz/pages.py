@@ -102,8 +102,7 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-# ---- frame map: the physical pool, one cell per frame
-# --------------------------------------
+# ---- frame map: the physical pool, one cell per frame --------------------------------
 
 
 @dataclass(slots=True)
@@ -184,8 +183,7 @@ class FrameMap:
         printer.text(str(self))  # IPython's text form: the terminal picture
 
 
-# ---- page tables: a sequence's logical blocks, arrows to their frames
-# ----------------------
+# ---- page tables: a sequence's logical blocks, arrows to their frames ----------------
 
 
 @dataclass(slots=True)
