@@ -228,15 +228,14 @@ def number(
     """
 
     def parse(text: str):
-        shown = (
-            text if len(text) <= 40 else text[:37] + "..."
-        )  # a 5,000-digit value is one short line
+        # a 5,000-digit value is one short line
+        shown = text if len(text) <= 40 else text[:37] + "..."
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{shown!r} is not {'a whole number' if kind is int else 'a number'}"
-            )
+            ) from None
         if isinstance(value, float) and (
             math.isnan(value) or math.isinf(value) and not infinity
         ):

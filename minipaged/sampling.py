@@ -492,10 +492,9 @@ def adjust(
             - presence * (counts > 0)
         )
     x = np.clip(x, -LOGIT_BOUND, LOGIT_BOUND).astype(np.float32)
-    x[
-        banned
-        # last, which is the same as first (-inf stays -inf through the rest), vLLM's order
-    ] = -np.inf
+    # the bans last, which is the same as first (-inf stays -inf through the rest),
+    # vLLM's order
+    x[banned] = -np.inf
     out = logits.copy()
     out[rows] = x
     return out

@@ -281,7 +281,7 @@ table_rows, errors = [], {}
 for version in kernels.VERSIONS:
     launches = []
     recorder = dataclasses.replace(
-        emulated.LAUNCHER, launch=lambda *call: launches.append(call)
+        emulated.LAUNCHER, launch=lambda *call, launches=launches: launches.append(call)
     )
     args = (q, k_cache, v_cache, arrays.block_tables, arrays.context_lens, scale)
     recorder.decode(*args, version=version, partition_size=8)

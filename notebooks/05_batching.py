@@ -111,7 +111,7 @@ Timeline(reports)
 finished_at = {o.request_id: r.step for r in reports for o in r.finished}
 started_at = {}
 for r in reports:
-    for rid, _, kind, _ in r.ran:
+    for rid, *_ in r.ran:
         started_at.setdefault(rid, r.step)
 first_done = min(finished_at, key=finished_at.get)
 joined = [

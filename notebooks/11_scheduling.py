@@ -208,9 +208,10 @@ def stream(policy: str, aging_rate: float, steps: int = 400):
         ),
         BlockManager(256, 4, enable_prefix_caching=False),
     )
-    dummy = lambda batch: {
-        seq: 0 for s in batch.scheduled for seq in s.samplers
-    }  # (no model: a token 0 each)
+
+    def dummy(batch):  # (no model: a token 0 each)
+        return {seq: 0 for s in batch.scheduled for seq in s.samplers}
+
     scheduler.add(request(0, 2, 2))
     first = scheduler.schedule()
     scheduler.update(first, dummy(first))

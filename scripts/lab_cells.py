@@ -10,7 +10,8 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from minipaged.tools.lab.labs import LABS
+# after the line above: the script runs from a checkout without minipaged installed
+from minipaged.tools.lab.labs import LABS  # noqa: E402
 
 # notebook -> [(lab, what, the participant's file name)]
 PLAN = {

@@ -37,16 +37,19 @@ LONGEST_FIRST = ["test_notebooks", "test_docs", "test_engine_fuzz", "test_instal
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the real model (the smollm2 fixture) is `slow`, marked or
     not; the files in INTEGRATION are `integration`; without a GPU, `gpu` tests are
-    skipped; the
-    files of LONGEST_FIRST run first, the others in their usual order."""
-    module = lambda item: item.module.__name__.rsplit(".", 1)[-1]
+    skipped; the files of LONGEST_FIRST run first, the others in their usual order."""
+
+    def module(item):
+        return item.module.__name__.rsplit(".", 1)[-1]
+
+    # a stable sort: the order within a file stays
     items.sort(
         key=lambda item: (
             LONGEST_FIRST.index(module(item))
             if module(item) in LONGEST_FIRST
             else len(LONGEST_FIRST)
         )
-    )  # a stable sort: the order within a file stays
+    )
     skip = pytest.mark.skip(
         reason="needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)"
     )

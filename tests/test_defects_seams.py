@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_drum import (
-    serve,
-)  # noqa: F401, F811 (the drum tests' tiny model and chat trace)
+
+# the drum tests' tiny model, their `llm` fixture, which the tests below take as an
+# argument (ruff's F811 there), and their serve()
+from test_drum import llm, serve  # noqa: F401
 
 from minipaged.paging import KVCache, MemoryMoves
 from minipaged.tools.bench import cli as bench_cli
@@ -58,7 +59,7 @@ def in_use(path) -> str:
     return re.escape(f"kv_offload_path={str(path)!r} is already in use")
 
 
-def test_a_second_kv_cache_on_a_live_tier_file_is_refused_and_the_first_keeps_its_frames(
+def test_a_second_kv_cache_on_a_live_tier_file_is_refused_the_first_keeps_its_frames(
     tmp_path,
 ):
     path = tmp_path / "drum.bin"
@@ -137,7 +138,7 @@ def test_another_process_cannot_take_a_live_tier_file(tmp_path):
     assert taken.returncode == 0 and "took it" in taken.stdout, taken.stderr
 
 
-def test_two_engines_on_one_kv_offload_path(llm, tmp_path):
+def test_two_engines_on_one_kv_offload_path(llm, tmp_path):  # noqa: F811
     """The notebook's second engine on the same file is refused; the first keeps serving
     the same greedy tokens from its tier; deleted (or its KV cache closed), it lets a
     new engine have it.
@@ -220,7 +221,7 @@ def test_an_unwritable_kv_offload_path_is_refused_clearly(tmp_path, monkeypatch)
     )
 
 
-def test_the_engine_refuses_dev_null_naming_the_option(llm):
+def test_the_engine_refuses_dev_null_naming_the_option(llm):  # noqa: F811
     if not os.path.exists("/dev/null"):
         pytest.skip("no /dev/null here")
     with pytest.raises(

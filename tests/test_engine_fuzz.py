@@ -74,6 +74,15 @@ NUM_INTERLEAVINGS = max(1, round(20 * SCALE))
 BLOCK_SIZES = (1, 2, 5, 16)
 
 
+def picker(rng):
+    """pick(options): one of the options, drawn from rng."""
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    return pick
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     from checkpoints import write_checkpoint
@@ -135,7 +144,7 @@ class Scenario:
     @classmethod
     def draw(cls, seed: int) -> Scenario:
         rng = np.random.default_rng([BASE_SEED, seed, 0])
-        pick = lambda options: options[int(rng.integers(len(options)))]
+        pick = picker(rng)
         sc = cls(
             seed=seed,
             block_size=pick(BLOCK_SIZES),
@@ -151,10 +160,9 @@ class Scenario:
             stops=bool(rng.random() < 0.7),
             long_rate=pick((0.0, 0.2)),
         )
-        more = np.random.default_rng(
-            [BASE_SEED, seed, 4]
-        )  # a stream of its own: the draws above stay
-        pick = lambda options: options[int(more.integers(len(options)))]
+        # a stream of its own: the draws above stay
+        more = np.random.default_rng([BASE_SEED, seed, 4])
+        pick = picker(more)
         changes = {}
         if more.random() < 0.25:
             changes |= {
@@ -168,9 +176,8 @@ class Scenario:
                 "chunked_prefill": True,
                 "max_num_batched_tokens": pick((1, 2, 3, 5, 8, 16)),
             }
-        spec = np.random.default_rng(
-            [BASE_SEED, seed, 5]
-        )  # another stream: the draws above stay
+        # another stream: the draws above stay
+        spec = np.random.default_rng([BASE_SEED, seed, 5])
         if (
             sc.scheduler == "continuous"
             and "allocator" not in changes
@@ -181,10 +188,9 @@ class Scenario:
                 "num_speculative_tokens": int(spec.choice([1, 2, 3, 5])),
                 "kinds": tuple(k for k in sc.kinds if k != "beam"),
             }
-        policies = np.random.default_rng(
-            [BASE_SEED, seed, 6]
-        )  # the old ideas' options, a stream of their own
-        pick = lambda options: options[int(policies.integers(len(options)))]
+        # the old ideas' options, a stream of their own
+        policies = np.random.default_rng([BASE_SEED, seed, 6])
+        pick = picker(policies)
         changes |= {
             "prefix_cache_policy": pick(("lru", "lru", "fifo", "clock", "random")),
             "scheduling_policy": pick(("fcfs", "fair", "sjf", "aging", "priority")),
@@ -194,17 +200,15 @@ class Scenario:
             and sc.scheduler == "continuous"
             and "allocator" not in changes
         ):
-            changes["kv_offload_frames"] = pick(
-                (0, 0, 1, 4, 32)
-            )  # 1 and 4: the tier evicts too
+            # 1 and 4: the tier evicts too
+            changes["kv_offload_frames"] = pick((0, 0, 1, 4, 32))
         if policies.random() < 0.3:
             changes |= {
                 "admission": "working-set",
                 "admission_window": pick((1, 4, 16, 256)),
             }
-        storage = np.random.default_rng(
-            [BASE_SEED, seed, 7]
-        )  # how K/V are stored, a stream of its own
+        # how K/V are stored, a stream of its own
+        storage = np.random.default_rng([BASE_SEED, seed, 7])
         if storage.random() < 0.25:
             changes["kv_cache_dtype"] = ("int8", "fp8")[int(storage.integers(2))]
         return replace(sc, **changes)
@@ -1438,10 +1442,9 @@ def test_named_scenario(llm, name, capsys):
 def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
     """Random generate / stream / add_request calls on one LLM. Output checks that fail
     are collected and the run goes on (the LLM must stay usable); an exception from the
-    engine
-    ends the run."""
+    engine ends the run."""
     rng = np.random.default_rng([BASE_SEED, seed, 3])
-    pick = lambda options: options[int(rng.integers(len(options)))]
+    pick = picker(rng)
     block_size, max_model_len = pick((2, 5, 16)), 40
     prefix_caching = bool(rng.random() < 0.5)
     llm = LLM(

@@ -128,7 +128,7 @@ def test_the_scheduler_tells_every_row_it_ran_to_an_order_that_listens(llm):
     )  # an order without it: ignored
 
 
-def test_a_returning_client_is_lifted_to_the_least_active_counter_and_the_victim_is_the_most_served():
+def test_a_returning_client_is_lifted_to_the_least_active_counter_victim_most_served():
     order = Fair()
     flood, bob, old = (
         request("f0", "flood"),

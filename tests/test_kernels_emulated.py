@@ -473,7 +473,8 @@ def test_the_emulator_reports_a_shuffle_that_part_of_a_warp_skips(tmp_path):
     source.write_text("""
     template <typename T>
     __global__ void divergent(T* x) {
-        if (threadIdx.x < 16) x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
+        if (threadIdx.x < 16) \
+x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
     }""")
     compiled = emulated.library(source, ("divergent<float>",))
     with pytest.raises(RuntimeError, match="deadlock"):

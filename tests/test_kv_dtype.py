@@ -287,7 +287,10 @@ def test_kvcache_moves_copy_the_scales_with_their_frames():
     rng = np.random.default_rng(5)
     kv.data[:] = rng.integers(-127, 128, kv.data.shape)
     kv.scales[:] = rng.uniform(0.1, 1, kv.scales.shape)
-    frame = lambda f: (kv.data[:, :, f].copy(), kv.scales[:, :, f].copy())
+
+    def frame(f):
+        return kv.data[:, :, f].copy(), kv.scales[:, :, f].copy()
+
     before = [frame(f) for f in range(6)]
     kv.apply(
         MemoryMoves(

@@ -62,12 +62,10 @@ def test_on_a_virtual_clock_the_engine_is_what_the_simulator_predicts(folder):
         )  # more load, slower
     for paged, static in zip(systems["paged"], systems["static"]):
         assert static["normalized_latency"] > paged["normalized_latency"]
-        if (
-            paged["rate"] < 8
-            # below saturation a short request waits for the longest of its static batch;
-        ):
-            # at 8 req/s all 12 arrive at once, and static's first batch of 4 may hold
-            # only short ones
+        # below saturation a short request waits for the longest of its static
+        # batch; at 8 req/s all 12 arrive at once, and static's first batch of 4 may
+        # hold only short ones
+        if paged["rate"] < 8:
             assert static["short_e2e_p50"] > 1.5 * paged["short_e2e_p50"]
     knee = result["at_knee"]
     assert (

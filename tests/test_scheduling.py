@@ -357,7 +357,7 @@ def test_outputs_equal_each_request_run_alone(folder, policy, admission):
 
 
 # ---- the benchmarks' simulated parts, small ------------------------------------------
-def test_thrashing_benchmark_working_set_near_the_best_hand_tuned_with_fewer_preemptions():
+def test_thrashing_benchmark_working_set_near_the_best_hand_tuned_fewer_preemptions():
     from argparse import Namespace
 
     from minipaged.tools.bench.thrashing import simulated_part

@@ -432,10 +432,9 @@ def test_a_clients_share_is_of_the_tokens_computed_in_the_last_window():
         scheduler=SimpleNamespace(order=policies.FCFS()),
     )  # an order with no counters
     dashboard = Dashboard("tiny")
-    for step in range(
-        100
-        # 10 s at 10 steps a second: alice alone (4 tokens a step), then alice 1 and bob 3
-    ):
+    # 10 s at 10 steps a second: alice alone (4 tokens a step), then alice 1 and
+    # bob 3
+    for step in range(100):
         ran = (
             [("a", 0, "decode", 4)]
             if step < 50
@@ -825,9 +824,12 @@ def check_a_room_of_clients(page) -> None:
         title,
         len(shown),
     )
-    active = [
-        i for i in range(40) if i % 5 == 3
-    ]  # 8 active clients: they come first, in arrival order
+    # 8 active clients: they come first, in arrival order
+    active = [i for i in range(40) if i % 5 == 3]
+
+    def count(n):
+        return str(n) if n < 10000 else f"{n / 1000:.1f}k"
+
     for k, row in enumerate(shown):
         i = (
             active[k]
@@ -835,7 +837,6 @@ def check_a_room_of_clients(page) -> None:
             else [j for j in range(40) if j % 5 != 3][k - len(active)]
         )
         share = i / 180 if i % 5 == 3 else 0
-        count = lambda n: str(n) if n < 10000 else f"{n / 1000:.1f}k"
         assert row["cells"] == [
             f"10.0.0.{i + 10} #{0xA00 + i:x}",
             f"{100 * share:.0f}%",

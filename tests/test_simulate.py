@@ -90,7 +90,7 @@ def test_paging_sustains_a_higher_rate_than_contiguous_memory():
     assert rate["paged"] > rate["contiguous-oracle"] > rate["contiguous-max"] > 0
 
 
-def test_a_search_that_starts_from_a_curves_points_runs_less_and_lands_beside_the_full_one(
+def test_a_search_from_a_curves_points_runs_less_and_lands_beside_the_full_one(
     monkeypatch,
 ):
     from minipaged.tools.bench import simulate

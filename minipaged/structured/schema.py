@@ -90,7 +90,10 @@ def any_value(depth: int = MAX_DEPTH) -> str:
     if depth == 0:
         return f"({scalars})"
     inner = any_value(depth - 1)
-    obj = rf"\{{{WS}({STRING}{WS}:{WS}{inner}({WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+    obj = (
+        rf"\{{{WS}({STRING}{WS}:{WS}{inner}"
+        rf"({WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+    )
     arr = rf"\[{WS}({inner}({WS},{WS}{inner})*)?{WS}\]"
     return f"({scalars}|{obj}|{arr})"
 
@@ -98,7 +101,10 @@ def any_value(depth: int = MAX_DEPTH) -> str:
 def any_object(depth: int = MAX_DEPTH) -> str:
     """Any JSON object (json_object), its values nesting at most depth - 1 deeper."""
     inner = any_value(depth - 1)
-    return rf"\{{{WS}({STRING}{WS}:{WS}{inner}({WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+    return (
+        rf"\{{{WS}({STRING}{WS}:{WS}{inner}"
+        rf"({WS},{WS}{STRING}{WS}:{WS}{inner})*)?{WS}\}}"
+    )
 
 
 def schema_to_regex(schema, root=None, where: str = "", seen: tuple = ()) -> str:

@@ -22,7 +22,8 @@ class Fair:
             self.arrive(request)
         best = None
         for request in waiting:
-            if best is None or self.counters[request.client] < self.counters[best.client]:
+            if best is None or \
+self.counters[request.client] < self.counters[best.client]:
                 best = request
         return best
 
@@ -31,7 +32,8 @@ class Fair:
         self.counters[request.client] += self.weights[kind] * num_tokens
 
     def lift(self, client: str) -> None:
-        active = [self.counters[c] for c, requests in self.unfinished.items() if requests]
+        active = [self.counters[c] for c, requests in self.unfinished.items() \
+if requests]
         least = min(active) if active else 0.0
         self.counters[client] = max(self.counters.get(client, 0.0), least)
 
@@ -39,7 +41,8 @@ class Fair:
         if request in self.unfinished.get(request.client, ()):
             return
         for requests in self.unfinished.values():
-            requests.difference_update([r for r in requests if r.status is Status.FINISHED])
+            requests.difference_update([r for r in requests \
+if r.status is Status.FINISHED])
         if not self.unfinished.get(request.client):
             self.lift(request.client)
         self.unfinished.setdefault(request.client, set()).add(request)

@@ -24,7 +24,8 @@ class BlockTable(paging.BlockTable):
     def fork(self):
         for frame in self.frames:
             self.allocator.incref(frame)
-        return BlockTable(self.allocator, list(self.frames), list(self.token_ids), list(self.block_hashes))
+        return BlockTable(self.allocator, list(self.frames), \
+list(self.token_ids), list(self.block_hashes))
 
     def last_frame_shared(self):
         return bool(self.frames) and self.allocator.ref_count(self.frames[-1]) > 1

@@ -27,8 +27,10 @@ class Scheduler(scheduler.Scheduler):
             alone = not self.running
             keep = 0 if alone else self.watermark_frames
             tokens = sum(len(s.token_ids) for s in mapped)
-            if not alone and (self._num_running_seqs() + request.width > self.config.max_num_seqs
-                              or batch.num_tokens + tokens > self.config.max_num_batched_tokens):
+            if not alone and (self._num_running_seqs() + request.width \
+> self.config.max_num_seqs
+                              or batch.num_tokens + tokens \
+> self.config.max_num_batched_tokens):
                 return
             if promised + frames > free - keep:
                 return

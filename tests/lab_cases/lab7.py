@@ -12,7 +12,8 @@ class Aging:
     uses_priority = False
 
     def __init__(self, aging_rate=8.0):
-        if isinstance(aging_rate, bool) or not isinstance(aging_rate, (int, float)) or not aging_rate > 0:
+        if isinstance(aging_rate, bool) or not isinstance(aging_rate, (int, float)) \
+or not aging_rate > 0:
             raise ValueError(f"aging_rate must be a number > 0, got {aging_rate!r}")
         self.rate = float(aging_rate)
 

@@ -46,8 +46,10 @@ examples:
   python -m minipaged.bench decode --batch 16
   python -m minipaged.bench throughput --requests 8 --json > throughput.json
 
-Run it inside the project's environment (`source .venv/bin/activate` after `make setup`), or
-through make: make bench-decode, bench-memory, bench-throughput, bench-sharing, bench-serve,
+Run it inside the project's environment \
+(`source .venv/bin/activate` after `make setup`), or
+through make: \
+make bench-decode, bench-memory, bench-throughput, bench-sharing, bench-serve,
 bench-kernel."""
 
 COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it takes)

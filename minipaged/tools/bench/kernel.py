@@ -245,7 +245,7 @@ def bench_shape(shape: Shape, versions, repeats: int, device: dict) -> list[dict
             row(
                 f"v{version}",
                 *record(
-                    lambda launcher, k, v: launcher.decode(
+                    lambda launcher, k, v, version=version: launcher.decode(
                         q, k, v, frames, context_lens, scale, version=version
                     ),
                     caches,
@@ -266,7 +266,9 @@ def record(decode, caches):
     replays = []
     for k_cache, v_cache in caches:
         recorded = []
-        recorder = replace(cuda.LAUNCHER, launch=lambda *call: recorded.append(call))
+        recorder = replace(
+            cuda.LAUNCHER, launch=lambda *call, recorded=recorded: recorded.append(call)
+        )
         decode(recorder, k_cache, v_cache)
         replays.append(
             lambda recorded=recorded: [cuda.LAUNCHER.launch(*call) for call in recorded]

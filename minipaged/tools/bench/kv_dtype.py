@@ -362,16 +362,18 @@ def kernel_lines(verbose: bool = True) -> dict:
         scale = 1 / math.sqrt(head_dim)
         calls = {
             "v5 fp16": (
-                lambda: cuda.decode(d[0], d[1], d[2], d[3], d[4], scale, version=5),
-                2 * k.size * 2,
-            ),  # K and V, 2 bytes each
+                lambda d=d, scale=scale: cuda.decode(
+                    d[0], d[1], d[2], d[3], d[4], scale, version=5
+                ),
+                2 * k.size * 2,  # K and V, 2 bytes each
+            ),
             "v7 int8": (
-                lambda: cuda.decode(
+                lambda d=d, scale=scale: cuda.decode(
                     d[0], d[5], d[6], d[3], d[4], scale, k_scales=d[7], v_scales=d[8]
                 ),
-                2 * k.size + 2 * scales[0].size * 2,
+                2 * k.size + 2 * scales[0].size * 2,  # 1 byte each, and the scales
             ),
-        }  # 1 byte each, and the scales
+        }
         error = float(
             np.abs(
                 xp.asnumpy(calls["v7 int8"][0]())[:2].astype(np.float32)

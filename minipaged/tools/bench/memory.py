@@ -122,7 +122,8 @@ def table(result: dict) -> str:
         ),
         "",
         (
-            f"{'':28}{'paged (block ' + str(w['block_size']) + ')':>18}{'static (' + str(w['max_model_len']) + ' each)':>20}"
+            f"{'':28}{'paged (block ' + str(w['block_size']) + ')':>18}"
+            f"{'static (' + str(w['max_model_len']) + ' each)':>20}"
         ),
     ]
     lines += [f"{label:28}{cell(paged):>18}{cell(static):>20}" for label, cell in rows]

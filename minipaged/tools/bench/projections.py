@@ -106,7 +106,8 @@ def bench_projections(args) -> dict:
         }[cpu.projection_path(rows)]
         for name, way in ways.items():
             seconds = best_time(
-                lambda: [way(w, xs[w.shape[0]]) for w in weights], args.repeats
+                lambda way=way, xs=xs: [way(w, xs[w.shape[0]]) for w in weights],
+                args.repeats,
             )
             rows_out.append(
                 {

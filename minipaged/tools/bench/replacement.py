@@ -185,7 +185,10 @@ def min_pool(trace: list[ChatTurn], block_size: int = 16, concurrency: int = 4) 
     replays the trace in this pool without running out (a policy only changes what is
     shared).
     """
-    need = lambda t: -(-(len(t.prompt) + len(t.answer)) // block_size)
+
+    def need(t: ChatTurn) -> int:
+        return -(-(len(t.prompt) + len(t.answer)) // block_size)
+
     return max(
         sum(need(t) for t in trace[max(0, i - concurrency + 1) : i + 1])
         for i in range(len(trace))

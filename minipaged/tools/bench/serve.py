@@ -418,17 +418,17 @@ def table(result: dict) -> str:
             f" at {result['request_rate']}/s through the server, on {result['device']}"
         ),
         (
-            f"  {'':<11}{'tok/s':>8}{'ttft p50':>10}{'p99':>8}{'tpot p50':>10}{'e2e p50':>9}{'p99':>8}"
-            f"{'short e2e p50':>15}"
+            f"  {'':<11}{'tok/s':>8}{'ttft p50':>10}{'p99':>8}{'tpot p50':>10}"
+            f"{'e2e p50':>9}{'p99':>8}{'short e2e p50':>15}"
         ),
     ]
     for name in ("continuous", "static"):
         if name in result:
             r = result[name]
             lines.append(
-                f"  {name:<11}{r['tokens_per_s']:8.1f}{r['ttft_p50']:9.2f}s{r['ttft_p99']:7.2f}s"
-                f"{1000 * r['tpot_p50']:8.0f}ms{r['e2e_p50']:8.1f}s{r['e2e_p99']:7.1f}s"
-                f"{r['short_e2e_p50']:14.1f}s"
+                f"  {name:<11}{r['tokens_per_s']:8.1f}{r['ttft_p50']:9.2f}s"
+                f"{r['ttft_p99']:7.2f}s{1000 * r['tpot_p50']:8.0f}ms"
+                f"{r['e2e_p50']:8.1f}s{r['e2e_p99']:7.1f}s{r['short_e2e_p50']:14.1f}s"
             )
     lines.append(
         "  in-process engine, same requests at the same moments:"
@@ -709,8 +709,9 @@ def room_table(result: dict) -> str:
             f" {result['device']}"
         ),
         (
-            f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}{'vs alone':>10}{'flood 429s':>12}"
-            f"{'flood tok/s':>13}{'share':>7}{'of idle':>9}"
+            f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}"
+            f"{'vs alone':>10}{'flood 429s':>12}{'flood tok/s':>13}{'share':>7}"
+            f"{'of idle':>9}"
         ),
     ]
     for name in ("alone", "flood", "flood_no_bound", "flood_fair"):
@@ -727,8 +728,9 @@ def room_table(result: dict) -> str:
             else ""
         )
         lines.append(
-            f"  {name:<16}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s{r['short_ttft_p50']:9.2f}s"
-            f"{r['short_ttft_p99']:7.2f}s{ratio}{flood.get('refused_429', ''):>12}{share}"
+            f"  {name:<16}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s"
+            f"{r['short_ttft_p50']:9.2f}s{r['short_ttft_p99']:7.2f}s{ratio}"
+            f"{flood.get('refused_429', ''):>12}{share}"
         )
     alone = ", ".join(
         f"{server} {result[f'flooder_alone_{server}']['flood']['tokens_per_s']:.1f}"

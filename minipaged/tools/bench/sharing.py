@@ -16,13 +16,19 @@ from minipaged.tools.bench.workload import make_workload
 
 SHARING_ABOVE_THE_PAPER = """\
 Why the ShareGPT-like figures can exceed the paper's:
-  - fixed-length outputs: every sample and beam runs to its max_tokens (ignore_eos), so all
-    of a request's sequences share its prompt's frames until the end; real samples stop early.
-  - long prompts: {prompt:.0f} prompt and {output:.0f} output tokens on average in this small
-    sample (the paper's ShareGPT: 161 and 338); a prompt's full blocks of {block_size} tokens
+  - fixed-length outputs: every sample and beam runs to its max_tokens (ignore_eos), \
+so all
+    of a request's sequences share its prompt's frames until the end; \
+real samples stop early.
+  - long prompts: {prompt:.0f} prompt and {output:.0f} output tokens on average \
+in this small
+    sample (the paper's ShareGPT: 161 and 338); \
+a prompt's full blocks of {block_size} tokens
     are all shared, only its last, partly filled block is copied on write.
-  - a different baseline: here, the frames the same sequences would hold with a private copy
-    each, at the same steps, over a few requests run together; the paper measured its serving
+  - a different baseline: here, the frames the same sequences would hold \
+with a private copy
+    each, at the same steps, over a few requests run together; \
+the paper measured its serving
     system (OPT-13B on real traces, requests arriving over time)."""
 
 

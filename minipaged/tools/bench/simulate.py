@@ -110,18 +110,27 @@ PROFILES = {
 }
 PROFILES_HELP = """\
 profiles:
-- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU (`python -m minipaged.bench
-  calibrate`): step time = fixed + per_token x new tokens + per_context x tokens attended. A CPU
+- `cpu-smollm2`: fitted to timed minipaged steps on a 2-core CPU \
+(`python -m minipaged.bench
+  calibrate`): step time = fixed + per_token x new tokens \
++ per_context x tokens attended. A CPU
   does one thing at a time, so the three costs add up.
-- `opt-13b-a100`: a roofline *model*, not a measurement. A step takes the longer of its memory
+- `opt-13b-a100`: a roofline *model*, not a measurement. \
+A step takes the longer of its memory
   time and its compute time, as a GPU overlaps the two:
-  - memory: OPT-13B's 26 GB of fp16 weights, plus 800 KB of K and V per context token, read at
-    A100-40GB bandwidth (1.555 TB/s), plus a small cost per KV frame attended (20% of a 16-token
-    frame's read time: the paper measured its paged kernel 20-26% slower than FasterTransformer's
+  - memory: OPT-13B's 26 GB of fp16 weights, plus 800 KB of K and V per context token, \
+read at
+    A100-40GB bandwidth (1.555 TB/s), plus a small cost per KV frame attended \
+(20% of a 16-token
+    frame's read time: the paper measured its paged kernel 20-26% \
+slower than FasterTransformer's
     at block size 16, Figure 18a), so small blocks cost more;
-  - compute: 2 x 13e9 FLOPs per new token at half the fp16 tensor-core peak (156 TFLOP/s).
-  The KV cache holds what the paper left for it (about 12 GB: 15,000 tokens). A swapped frame
-  crosses PCIe at 25 GB/s, plus 2 µs for each of its 2 x 40 copies (K and V of every layer).
+  - compute: 2 x 13e9 FLOPs per new token at half the fp16 tensor-core peak \
+(156 TFLOP/s).
+  The KV cache holds what the paper left for it (about 12 GB: 15,000 tokens). \
+A swapped frame
+  crosses PCIe at 25 GB/s, plus 2 µs for each of its 2 x 40 copies \
+(K and V of every layer).
 """
 
 

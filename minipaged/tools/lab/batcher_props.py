@@ -303,14 +303,12 @@ def preempts_the_newest_when_frames_run_out(m) -> None:
 def whole_workloads_finish(m) -> None:
     for seed in range(12):
         rng = random.Random(seed)
-        size = rng.randrange(
-            2, 7
-        )  # each request fits 12 frames alone: 2 x (14 + 9) tokens at most
+        # each request fits 12 frames alone: 2 x (14 + 9) tokens at most
+        size = rng.randrange(2, 7)
         prompts = [rng.randrange(1, 15) for _ in range(size)]
         n = [rng.choice([1, 1, 2]) for _ in range(size)]
-        case = Case(
-            m, 12, prompts, max_tokens=rng.randrange(1, 10), n=n, max_num_seqs=4
-        )
+        max_tokens = rng.randrange(1, 10)
+        case = Case(m, 12, prompts, max_tokens=max_tokens, n=n, max_num_seqs=4)
         for step in range(300):
             if not case.scheduler.has_unfinished():
                 break
@@ -337,7 +335,7 @@ def whole_workloads_finish(m) -> None:
         if case.scheduler.has_unfinished() or short:
             raise Failed(
                 case.given,
-                f"after 300 steps, not every sequence has its {r.params.max_tokens}"
+                f"after 300 steps, not every sequence has its {max_tokens}"
                 f" tokens: {short or 'requests left unfinished'}",
             )
         if case.blocks.num_free_frames != 12:

@@ -20,7 +20,8 @@ EPILOG = """\
 examples (in the repository, after `source .venv/bin/activate`):
   cp labs/lab1_demand_paging.py my_paging.py      # then fill in the bodies
   python -m minipaged.lab check 1 my_paging.py
-  python -m minipaged.lab hint 1                   # the next hint; again for the one after
+  python -m minipaged.lab hint 1                   # the next hint; \
+again for the one after
   python -m minipaged.lab check 1 --solution       # the engine's own code passes"""
 PICTURES = LABS_DIR / "pictures"
 

@@ -153,7 +153,7 @@ def serve(
         ) from None
     built_in = run(llm.new_engine(**options), work)
     lines = []
-    for i, (prompt, params) in enumerate(work):
+    for i, (_prompt, params) in enumerate(work):
         request_id, tokens = f"r{i}", built_in.tokens[f"r{i}"]
         kind = f"n={params.n} sampled" if params.n > 1 else "greedy"
         if theirs.tokens.get(request_id) != tokens:

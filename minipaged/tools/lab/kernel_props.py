@@ -38,12 +38,16 @@ STRUCT = re.compile(
 )
 BODY = re.compile(r"(operator\[\]\(int pos\) const \{).*?\n    \}", re.S)
 PROBE = """
-// lab 5's probe: where PagedRows finds each position's row (elements from the cache's start)
+// lab 5's probe: where PagedRows finds each position's row \
+(elements from the cache's start)
 template <typename T, int HEAD_DIM>
-__global__ void lab5_probe(long long* out, const T* cache, const int* block_table, int num_positions,
+__global__ void lab5_probe(long long* out, const T* cache, const int* block_table, \
+int num_positions,
                            int block_size, int num_kv_heads, int kv_head) {
-    const PagedRows<T, HEAD_DIM> rows{cache, block_table, block_size, num_kv_heads, kv_head};
-    for (int pos = threadIdx.x; pos < num_positions; pos += NUM_THREADS) out[pos] = rows[pos] - cache;
+    const PagedRows<T, HEAD_DIM> rows{cache, block_table, block_size, \
+num_kv_heads, kv_head};
+    for (int pos = threadIdx.x; pos < num_positions; pos += NUM_THREADS) \
+out[pos] = rows[pos] - cache;
 }
 """
 HEAD_DIM = 64
@@ -509,26 +513,17 @@ def reads_svg(
     )
 
 
-ENGINE = dict(
-    block_size=4, num_blocks=24, max_num_seqs=8, enable_prefix_caching=False
-)  # lab 5's run
-MAX_TOKENS = 8  # per sequence: every decode step goes through the emulated kernel
-
-
-ENGINE = dict(
-    block_size=4, num_blocks=24, max_num_seqs=8, enable_prefix_caching=False
-)  # frames run out
-MAX_TOKENS = (
-    8  # per sequence: every decode step runs the emulated kernel for each layer
-)
+# lab 5's run, in which frames run out
+ENGINE = dict(block_size=4, num_blocks=24, max_num_seqs=8, enable_prefix_caching=False)
+# per sequence: every decode step runs the emulated kernel for each layer
+MAX_TOKENS = 8
 
 
 def serve(pieces, llm, pictures: Path) -> list[str]:
     """Lab 5's engine run: the plugged run of labs 1-5 (the same tokens as the built-in
     engine), with the frames each decode step's rows read through the participant's
-    lookup recorded, and
-    the fullest step drawn: which frame every position was read from."""
-    lab = SimpleNamespace(engine=ENGINE, samples=True, max_tokens=MAX_TOKENS)
+    lookup recorded, and the fullest step drawn: which frame every position was read
+    from."""
     reads = Reads(pieces)
     attention = SimpleNamespace(
         write_kv=reference.write_kv,
@@ -541,9 +536,8 @@ def serve(pieces, llm, pictures: Path) -> list[str]:
             _RecordingRunner, attention=attention, reads=reads
         )
     )
-    with (
-        tempfile.TemporaryDirectory() as folder
-    ):  # the plugged run's frame map: not this lab's picture
+    # the plugged run's frame map: not this lab's picture
+    with tempfile.TemporaryDirectory() as folder:
         lines = engine_run.serve(
             5, recording, llm, ENGINE, True, MAX_TOKENS, Path(folder) / "frames.svg"
         )

@@ -262,14 +262,14 @@ def reads_back_and_grows_again(m) -> None:
                 f" {len(table.frames)}, and {16 - allocator.num_free} are taken",
             )
         if table.block_hashes != fresh.block_hashes:
+            stale = sum(a != b for a, b in zip(table.block_hashes, fresh.block_hashes))
             raise Failed(
                 given,
                 "the table should name its"
                 f" {plural(len(fresh.block_hashes), 'full block')} by the tokens they"
                 " hold now: a block cut short by truncate loses its name (del"
                 f" self.block_hashes[...]); it has {len(table.block_hashes)} names,"
-                f" {sum(a != b for a, b in zip(table.block_hashes, fresh.block_hashes))}"
-                " of them stale",
+                f" {stale} of them stale",
             )
 
 

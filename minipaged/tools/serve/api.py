@@ -301,10 +301,11 @@ class Server:
                 ref("CompletionRequest")["schema"],
             ]
         }
+        # vLLM's (SageMaker's) /invocations: a chat or a completion, answered as its
+        # own route does
         paths["/invocations"]["post"]["requestBody"] = {
             "required": True,
             "content": {"application/json": {"schema": either}},
-            # vLLM's (SageMaker's): a chat or a completion, answered as its own route does
         }
         paths["/invocations"]["post"]["responses"] = paths["/v1/completions"]["post"][
             "responses"

@@ -25,14 +25,18 @@ from minipaged.tools.serve.api import Server, ServerConfig
 EPILOG = """\
 examples:
   python -m minipaged.serve                                 # SmolLM2 on 127.0.0.1:8000
-  python -m minipaged.serve --host 0.0.0.0 --api-key room42 # a workshop room on the network
-  python -m minipaged.serve --scheduler static --max-model-len 1024  # the before picture
+  python -m minipaged.serve --host 0.0.0.0 --api-key room42 # a workshop room \
+on the network
+  python -m minipaged.serve --scheduler static --max-model-len 1024  \
+# the before picture
 
 Then, from any machine that reaches it:
   from openai import OpenAI
   client = OpenAI(base_url="http://HOST:8000/v1", api_key="room42")
-  print(client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=128, temperature=0.7,
-        messages=[{"role": "user", "content": "What is a page table?"}]).choices[0].message.content)"""
+  print(client.chat.completions.create(model=client.models.list().data[0].id, \
+max_tokens=128, temperature=0.7,
+        messages=[{"role": "user", "content": "What is a page table?"}])\
+.choices[0].message.content)"""
 
 
 def size(text: str) -> int:

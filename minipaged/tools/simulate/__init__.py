@@ -28,11 +28,16 @@ from minipaged.tools.bench.simulate import (
 )
 
 DESCRIPTION = """\
-The real Scheduler and allocators on a virtual clock. No model runs. Each step, the scheduler
-picks its batch over real block managers (paged, contiguous chunks, static regions) exactly as
-in the engine; a step-time model (--profile) says how long that batch would take; sampled
-tokens are dummies, and a request ends at its trace's output length. So the paper's experiments
-run at its scale: a Poisson trace of thousands of requests against OPT-13B's KV budget on an
+The real Scheduler and allocators on a virtual clock. No model runs. Each step, \
+the scheduler
+picks its batch over real block managers (paged, contiguous chunks, static regions) \
+exactly as
+in the engine; a step-time model (--profile) says how long that batch would take; \
+sampled
+tokens are dummies, and a request ends at its trace's output length. \
+So the paper's experiments
+run at its scale: a Poisson trace of thousands of requests against OPT-13B's KV budget \
+on an
 A100, or a million requests to see what a simulated one costs.
 """
 
@@ -136,13 +141,13 @@ def main(argv=None) -> int:
         result = figure12(
             profile, args.trace, args.requests, args.rates, args.threshold
         )
-        if not result["max_rate"][
-            "paged"
-        ]:  # only a given threshold can be out of reach
+        # only a given threshold can be out of reach
+        if not result["max_rate"]["paged"]:
+            lowest = min(p["normalized_latency"] for p in result["curves"]["paged"])
             parser.error(
                 "argument --threshold: no request rate keeps paging's normalized"
                 f" latency under {args.threshold:g} s/token (the lowest on its curve is"
-                f" {min(p['normalized_latency'] for p in result['curves']['paged']):.3g});"
+                f" {lowest:.3g});"
                 " give a larger one, or 0 for four times paging's at the lowest rate"
             )
     seconds = time.perf_counter() - start

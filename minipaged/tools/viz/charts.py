@@ -284,14 +284,17 @@ class LineChart:
                 f'<polyline points="{points}" fill="none" stroke="{color}"'
                 ' stroke-width="3"/>'
             )
-            if (
-                len(self.x) <= 40
-            ):  # dots with tooltips; a long series stays a plain line
-                body += [
-                    f"<g><title>{escape(f'{name}: {_number(y, self.digits)} at {self.x_label} {_tick(x)}')}</title><circle"
-                    f' cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{color}"/></g>'
-                    for x, y in zip(self.x, ys)
-                ]
+            # dots with tooltips; a long series stays a plain line
+            if len(self.x) <= 40:
+                for x, y in zip(self.x, ys):
+                    tip = (
+                        f"{name}: {_number(y, self.digits)}"
+                        f" at {self.x_label} {_tick(x)}"
+                    )
+                    body.append(
+                        f"<g><title>{escape(tip)}</title><circle"
+                        f' cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{color}"/></g>'
+                    )
         legend_y = top + plot_h + 3 * FONT + 32
         body += _svg_legend(legend_y, list(self.series))
         names = max(map(len, self.series), default=0)
