@@ -3,6 +3,8 @@
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
 #   make test              every test (about 6 min on 2 cores); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
+#   make format            format the code as CI wants it: ruff, comments and docstrings to 88 columns
+#   make lint              check that it is (make test and make test-fast run it first)
 #   make notebook          JupyterLab on notebooks/ (installs it into .venv on first use)
 #   make notebooks         run every notebook on the CPU and store its outputs in the .ipynb (minutes)
 #   make lab-check         every lab's check on the engine's own code (python -m minipaged.lab; see labs/)
@@ -22,7 +24,7 @@ TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
               speculative replacement thrashing scheduling drum kv-dtype
 
-.PHONY: setup chat serve browser clang test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
+.PHONY: setup chat serve browser clang format lint test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 
 # Running needs minipaged's dependencies only (pyproject.toml's `dependencies`) and the model.
 $(STAMP): pyproject.toml Makefile
@@ -41,7 +43,7 @@ $(STAMP): pyproject.toml Makefile
 # The tests' tools on top: the `dev` extra, that is the `test` extra and, where NVIDIA ships its
 # wheels (Linux, Windows: the markers in pyproject.toml), the `nvrtc` one.
 $(TEST_STAMP): $(STAMP)
-	@echo "== installing the test tools: pytest, hypothesis, Jupyter's notebook runner, Playwright,"
+	@echo "== installing the test tools: pytest, hypothesis, ruff, Jupyter's notebook runner, Playwright,"
 	@echo "   schemathesis, and NVRTC where NVIDIA ships it (about 70 more packages, a 180 MB download; one or two minutes)"
 	$(PY) -m pip install -e '.[dev]'
 	@touch $@
@@ -76,14 +78,28 @@ clang:
 	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }; }; } || \
 	  echo "note: no clang++ (install Debian's clang package as root): the clang build test will be skipped"
 
+# The code's format and lint (ruff, pinned in the `test` extra; settings in pyproject.toml).
+# `make format` rewrites: ruff's formatter, then the comments and docstrings it leaves too wide
+# wrapped (scripts/wrap_comments.py), formatted again, then ruff's own fixes. `make lint` changes
+# nothing and fails on what `make format` would change or ruff reports; make test runs it first.
+format: $(TEST_STAMP)
+	$(PY) -m ruff format .
+	$(PY) scripts/wrap_comments.py minipaged tests scripts
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+lint: $(TEST_STAMP)
+	@$(PY) -m ruff format --check . || { echo "== the code is not formatted: run make format"; exit 1; }
+	@$(PY) -m ruff check . || { echo "== ruff check failed: run make format (it fixes what it can), then fix the rest"; exit 1; }
+
 # The tests run in a process per core (pytest-xdist; at most 4), each file's tests in one process
 # (--dist loadfile), so that a module's costly fixture is built once. JOBS=0 runs them in this one.
 JOBS ?= auto
 PYTEST := $(PY) -m pytest -q -n $(JOBS) --maxprocesses=4 --dist loadfile
-test: $(TEST_STAMP) browser clang
+test: $(TEST_STAMP) lint browser clang
 	$(PYTEST) $(ARGS)
 
-test-fast: $(TEST_STAMP) browser clang
+test-fast: $(TEST_STAMP) lint browser clang
 	$(PYTEST) -m "not slow" $(ARGS)
 
 # --allow-root: workshop machines and containers often run as root
