@@ -1,9 +1,8 @@
 """minipaged: a small, readable LLM inference engine that teaches how vLLM serves
 models.
 
-from minipaged import LLM, SamplingParams
-llm = LLM()
-llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
+from minipaged import LLM, SamplingParams llm = LLM() llm.generate(["The capital of
+France is"], SamplingParams(temperature=0, max_tokens=16))
 """
 
 import sys

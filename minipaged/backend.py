@@ -32,8 +32,7 @@ def cuda_available() -> bool:
 
 def resolve_device(device: str | None = None) -> str:
     """'cpu' or 'cuda': the argument (`LLM(device=...)`), else $MINIPAGED_DEVICE, else
-    cuda when
-    usable."""
+    cuda when usable."""
     device = (device or os.environ.get("MINIPAGED_DEVICE") or "").strip().lower()
     if not device:
         return "cuda" if cuda_available() else "cpu"

@@ -43,16 +43,13 @@ class Hypothesis:
 class BeamStep:
     """What one step of beam search decided, for the engine to apply."""
 
-    extend: list[Candidate] = field(
-        default_factory=list
-    )  # a parent's best: appended in place
-    fork: list[Candidate] = field(
-        default_factory=list
-    )  # a parent's others: new beams forked from it
+    # a parent's best: appended in place
+    extend: list[Candidate] = field(default_factory=list)
+    # a parent's others: new beams forked from it
+    fork: list[Candidate] = field(default_factory=list)
     drop: list = field(default_factory=list)  # parents with no continuation kept
-    done: list[Candidate] = field(
-        default_factory=list
-    )  # continuations that end the text
+    # continuations that end the text
+    done: list[Candidate] = field(default_factory=list)
 
 
 def step(

@@ -26,53 +26,41 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int = 0  # 0: as many as kv_cache_memory holds
     kv_cache_memory: int = 0  # bytes; 0: 512 MiB on a CPU, half the free GPU memory
-    kv_cache_dtype: str = (
-        "auto"  # vLLM's: "auto" (the model's), "int8" or "fp8": 8-bit, 2-4x the frames
-    )
+    # vLLM's: "auto" (the model's), "int8" or "fp8": 8-bit, 2-4x the frames
+    kv_cache_dtype: str = "auto"
     swap_space: int = 0  # host frames for preemption by swap; 0: up to 4 GiB worth
     max_model_len: int = 0  # 0: the model's, capped by what the KV cache holds
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = (
-        0  # 0: max(4096, max_model_len); 512 with chunked prefill
-    )
+    # 0: max(4096, max_model_len); 512 with chunked prefill
+    max_num_batched_tokens: int = 0
     enable_prefix_caching: bool = True
     # the seams (minipaged.policies): a name, a "module:Class" path, or an object of
     # one's own
-    prefix_cache_policy: object = (
-        "lru"  # which parked cached frame goes first: "fifo", "clock", "random"
-    )
-    kv_offload_frames: int = (
-        0  # the drum: host frames keeping evicted prefix-cache blocks; 0: off
-    )
-    kv_offload_path: str | None = (
-        None  # a file for those frames (numpy.memmap); None: host memory
-    )
-    scheduling_policy: object = (
-        "fcfs"  # waiting-queue order: "sjf" (shortest job first), "aging", "priority"
-    )
+    # which parked cached frame goes first: "fifo", "clock", "random"
+    prefix_cache_policy: object = "lru"
+    # the drum: host frames keeping evicted prefix-cache blocks; 0: off
+    kv_offload_frames: int = 0
+    # a file for those frames (numpy.memmap); None: host memory
+    kv_offload_path: str | None = None
+    # waiting-queue order: "sjf" (shortest job first), "aging", "priority"
+    scheduling_policy: object = "fcfs"
     aging_rate: float = 8.0  # "aging": job-size tokens forgiven per step waited
-    admission: object = (
-        "greedy"  # or "working-set": admit while running sequences' growth fits too
-    )
+    # or "working-set": admit while running sequences' growth fits too
+    admission: object = "greedy"
     admission_window: int = 16  # "working-set": steps of growth counted
-    preemption_victim: object = (
-        None  # whom to preempt: None, the waiting order's (else "newest")
-    )
+    # whom to preempt: None, the waiting order's (else "newest")
+    preemption_victim: object = None
     preemption_mode: str = "recompute"
     scheduler: str = "continuous"  # or "static": the pre-Orca baseline
     watermark: float = 0.01
-    allocator: str = (
-        "paged"  # or "contiguous-max" / "-pow2" / "-oracle": Orca's baselines
-    )
-    enable_chunked_prefill: bool = (
-        False  # prompts in chunks within max_num_batched_tokens per step
-    )
-    speculative_config: dict | SpeculativeConfig | None = (
-        None  # vLLM's: {"method": "ngram", ...}
-    )
-    structured_outputs_backend: object = (
-        "automata"  # compiles SamplingParams.structured_outputs (meeting 16)
-    )
+    # or "contiguous-max" / "-pow2" / "-oracle": Orca's baselines
+    allocator: str = "paged"
+    # prompts in chunks within max_num_batched_tokens per step
+    enable_chunked_prefill: bool = False
+    # vLLM's: {"method": "ngram", ...}
+    speculative_config: dict | SpeculativeConfig | None = None
+    # compiles SamplingParams.structured_outputs (meeting 16)
+    structured_outputs_backend: object = "automata"
 
     def __post_init__(self):
         """Every option, before any memory is sized (the scheduler's by
@@ -91,21 +79,20 @@ class EngineConfig:
                 raise ValueError(
                     f"{name} must be True or False, got {getattr(self, name)!r}"
                 )
-        policies.make(
-            "prefix_cache_policy", self.prefix_cache_policy
-        )  # a ValueError naming the policies
+        # a ValueError naming the policies
+        policies.make("prefix_cache_policy", self.prefix_cache_policy)
         if (
             not isinstance(self.structured_outputs_backend, str)
             or ":" in self.structured_outputs_backend
             or self.structured_outputs_backend
             not in policies.SEAMS["structured_outputs_backend"]
         ):
+            # a ValueError naming them
             policies.resolve(
                 "structured_outputs_backend", self.structured_outputs_backend
-            )  # a ValueError naming them
-        kv_storage_dtype(
-            self.kv_cache_dtype, "float32"
-        )  # a ValueError naming the dtypes
+            )
+        # a ValueError naming the dtypes
+        kv_storage_dtype(self.kv_cache_dtype, "float32")
         if self.kv_offload_path is not None and not isinstance(
             self.kv_offload_path, (str, os.PathLike)
         ):

@@ -1,6 +1,5 @@
 """`python -m minipaged.lab`: the labs' checker and hints. A door only: the code lives
-in
-minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
+in minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
 
 import sys
 

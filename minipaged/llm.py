@@ -60,15 +60,13 @@ class LLM:
         self.engine = LLMEngine(
             self.model, self.tokenizer, EngineConfig(**engine_options), eos
         )
-        if (
-            self.device == "cpu"
-        ):  # on a shared machine, BLAS threads that wait on each other are slow
+        # on a shared machine, BLAS threads that wait on each other are slow
+        if self.device == "cpu":
             fit_blas_threads(samples=3)
         self.load_seconds = time.perf_counter() - start
         self._ids = itertools.count()
-        self.unclaimed: dict[
-            str, RequestOutput
-        ] = {}  # finished outputs not yet collected
+        # finished outputs not yet collected
+        self.unclaimed: dict[str, RequestOutput] = {}
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -187,8 +185,7 @@ class LLM:
 
     def _forget(self, request_id: str) -> RequestOutput | None:
         """Abort a request of ours that still runs (an interrupted call), or drop its
-        output
-        that nobody collected; returns that output."""
+        output that nobody collected; returns that output."""
         if request_id in self.engine.requests:
             return self.engine.abort_request(request_id)
         return self.unclaimed.pop(request_id, None)
@@ -197,8 +194,7 @@ class LLM:
 def policy(option: str):
     """An argparse `type=` for a seam's option (minipaged.policies): a policy's name or
     a "module:Class" path, built at once, so a typo or a missing module is argparse's
-    one line
-    and exit code 2 before any work starts. `.metavar` lists the names."""
+    one line and exit code 2 before any work starts. `.metavar` lists the names."""
 
     def parse(text: str) -> str:
         try:
@@ -268,8 +264,7 @@ class CommandParser(argparse.ArgumentParser):
     exit code 2, without the usage lines argparse prints above it (--help has them).
     Every minipaged command line uses it (add_subparsers makes its subcommands of the
     same class); an error found after parsing (no such model, two options that do not
-    fit) goes through
-    `parser.error(message)` too, so it reads the same."""
+    fit) goes through `parser.error(message)` too, so it reads the same."""
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

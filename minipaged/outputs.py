@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class Logprob:
     """vLLM's: one token's log probability under the model's own distribution, its rank
-    there
-    (1: the likeliest) and its text alone."""
+    there (1: the likeliest) and its text alone."""
 
     logprob: float
     rank: int
@@ -28,15 +27,12 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: (
-        str | None
-    )  # "stop" (eos, stop token/string), "length", "abort", "rejected"
-    cumulative_logprob: float | None = (
-        None  # beam search, or asked for logprobs: the sum of its tokens'
-    )
-    logprobs: list[dict[int, Logprob]] | None = (
-        None  # asked for logprobs: per token, its own and the top ones
-    )
+    # "stop" (eos, stop token/string), "length", "abort", "rejected"
+    finish_reason: str | None
+    # beam search, or asked for logprobs: the sum of its tokens'
+    cumulative_logprob: float | None = None
+    # asked for logprobs: per token, its own and the top ones
+    logprobs: list[dict[int, Logprob]] | None = None
     stop_reason: int | str | None = (
         # vLLM's: the stop string or stop token id that ended it (None: eos, length)
         None
@@ -52,9 +48,8 @@ class RequestOutput:
     finished: bool = True
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # why the request was rejected; the others still ran
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-        None  # asked for: per prompt token (the first: None)
-    )
+    # asked for: per prompt token (the first: None)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass(slots=True)
@@ -75,9 +70,8 @@ class StepReport:
     """What one step did: print it for a line, collect them for a timeline picture."""
 
     step: int
-    ran: list[
-        tuple[str, int, str, int]
-    ]  # (request_id, seq index, "prefill"/"decode", tokens)
+    # (request_id, seq index, "prefill"/"decode", tokens)
+    ran: list[tuple[str, int, str, int]]
     frames_taken: int
     frames_freed: int
     free_frames: int
@@ -88,14 +82,12 @@ class StepReport:
     preempted: list[tuple[str, str]]  # (request_id, "recompute" / "swap")
     finished: list[RequestOutput]
     seconds: float
-    padded: list[tuple[str, int]] = field(
-        default_factory=list
-    )  # static batching: finished rows still computed
+    # static batching: finished rows still computed
+    padded: list[tuple[str, int]] = field(default_factory=list)
     guessed: int = 0  # speculative decoding: guessed tokens checked this step
     accepted: int = 0  # of those, the ones the model agreed with
-    guesses: list[tuple[str, int, int, int]] = field(
-        default_factory=list
-    )  # per row: (request_id,
+    # per row: (request_id,
+    guesses: list[tuple[str, int, int, int]] = field(default_factory=list)
     #   seq index, guessed, kept); the guessed - kept slots were rolled back
 
     @classmethod

@@ -12,10 +12,11 @@ import numpy as np
 
 # a temperature this small is greedy (vLLM's _SAMPLING_EPS): logits / 1e-40 overflow
 GREEDY_BELOW = 1e-5
+# the per-token stop check of one request stays cheap for all
 MAX_STOP_STRINGS, MAX_STOP_LEN = (
     16,
     256,
-)  # the per-token stop check of one request stays cheap for all
+)
 
 
 @dataclass(slots=True)
@@ -30,9 +31,8 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     json_object: bool | None = None
-    grammar: str | None = (
-        None  # vLLM's context-free grammar: refused here (a pushdown automaton)
-    )
+    # vLLM's context-free grammar: refused here (a pushdown automaton)
+    grammar: str | None = None
 
     def __post_init__(self):
         given = [
@@ -93,34 +93,26 @@ class SamplingParams:
     beam_width: int = 1  # > 1: beam search (deterministic); returns the n best beams
     # vLLM's controls of the logits, applied in vLLM's order (adjust): 0, 1, 0, 0, {}
     # are off
-    presence_penalty: float = (
-        0.0  # in [-2, 2]: subtracted once from a token already in the output
-    )
-    frequency_penalty: float = (
-        0.0  # in [-2, 2]: subtracted per time a token is in the output
-    )
-    repetition_penalty: float = (
-        1.0  # > 0: divides (logit > 0) or multiplies a token of prompt or output
-    )
-    min_p: float = (
-        0.0  # in [0, 1]: drops tokens less likely than min_p times the likeliest
-    )
-    min_tokens: int = (
-        0  # neither an end-of-sequence nor a stop token before this many tokens
-    )
-    logit_bias: dict[int, float] = field(
-        default_factory=dict
-    )  # token id -> added to its logit, in [-100, 100]
+    # in [-2, 2]: subtracted once from a token already in the output
+    presence_penalty: float = 0.0
+    # in [-2, 2]: subtracted per time a token is in the output
+    frequency_penalty: float = 0.0
+    # > 0: divides (logit > 0) or multiplies a token of prompt or output
+    repetition_penalty: float = 1.0
+    # in [0, 1]: drops tokens less likely than min_p times the likeliest
+    min_p: float = 0.0
+    # neither an end-of-sequence nor a stop token before this many tokens
+    min_tokens: int = 0
+    # token id -> added to its logit, in [-100, 100]
+    logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = (
         # per output token: its log probability and the `logprobs` likeliest (-1: all)
         None
     )
-    prompt_logprobs: int | None = (
-        None  # the same for each prompt token after the first (read by the prefill)
-    )
-    structured_outputs: StructuredOutputsParams | dict | None = (
-        None  # the answer held to a regex, schema, choice
-    )
+    # the same for each prompt token after the first (read by the prefill)
+    prompt_logprobs: int | None = None
+    # the answer held to a regex, schema, choice
+    structured_outputs: StructuredOutputsParams | dict | None = None
 
     def __post_init__(self):
         self.validate()
@@ -388,8 +380,7 @@ class RandomStream:
     """A sequence's randomness, by token position: the draws for its token at position p
     come from a generator seeded with (seed, sample index, p), so a seeded request gets
     the same tokens whatever runs beside it, however many guesses it got, and after a
-    preemption. Unseeded:
-    one fresh generator for every position."""
+    preemption. Unseeded: one fresh generator for every position."""
 
     def __init__(self, seed: int | None, sample_index: int = 0):
         self.key = None if seed is None else (seed, sample_index)
@@ -429,9 +420,8 @@ def sample(
             [getattr(s, "constraint", None) for s in seqs],
             logits,
         )
-    tokens = logits.argmax(
-        axis=-1
-    ).tolist()  # greedy for all rows; sampled rows overwrite
+    # greedy for all rows; sampled rows overwrite
+    tokens = logits.argmax(axis=-1).tolist()
     for row, (p, gen) in enumerate(zip(params, generators)):
         if not p.greedy:
             tokens[row] = sample_row(logits[row], p, gen)
@@ -452,13 +442,13 @@ def adjust(
     rows = [i for i, p in enumerate(params) if p.adjusts_logits]
     if not rows:
         return logits
+    # (len(rows), vocab), a copy
     x, vocab = (
         logits[rows].astype(np.float32),
         logits.shape[-1],
-    )  # (len(rows), vocab), a copy
-    counts = np.zeros(
-        (len(rows), vocab), dtype=np.int32
-    )  # each token's count in the output
+    )
+    # each token's count in the output
+    counts = np.zeros((len(rows), vocab), dtype=np.int32)
     in_prompt = np.zeros((len(rows), vocab), dtype=bool)
     banned = np.zeros((len(rows), vocab), dtype=bool)  # min_tokens: the ends, for now
     for j, i in enumerate(rows):
@@ -480,12 +470,10 @@ def adjust(
         np.array([getattr(params[i], name) for i in rows], dtype=np.float64)[:, None]
         for name in ("repetition_penalty", "frequency_penalty", "presence_penalty")
     )
-    repetition = np.where(
-        in_prompt | (counts > 0), repetition, 1.0
-    )  # (len(rows), vocab)
-    with np.errstate(
-        over="ignore"
-    ):  # a penalty of 1e-300 or 1e300 overflows: bounded, never inf or NaN
+    # (len(rows), vocab)
+    repetition = np.where(in_prompt | (counts > 0), repetition, 1.0)
+    # a penalty of 1e-300 or 1e300 overflows: bounded, never inf or NaN
+    with np.errstate(over="ignore"):
         x = (
             np.where(x > 0, x / repetition, x * repetition)
             - frequency * counts
@@ -527,8 +515,7 @@ def held_rows(logits: np.ndarray, constraint, extra: list[int]) -> np.ndarray:
     """The logits (1 + len(extra), vocab) of a row that ran extra tokens (speculation's
     guesses): row k is held to the constraint's state after extra[:k], so verification
     checks each guess against it (a guess the automaton refuses has logit -inf and is
-    rejected; rows after it are
-    never read)."""
+    rejected; rows after it are never read)."""
     if constraint is None:
         return logits
     walk, states = constraint.fork(), [constraint.fork()]
@@ -558,9 +545,8 @@ def candidates(
     normalised).
     """
     scaled = logits / np.float32(p.temperature)
-    probs = np.exp(
-        scaled - scaled.max()
-    )  # (vocab,), not yet normalised: the likeliest is 1
+    # (vocab,), not yet normalised: the likeliest is 1
+    probs = np.exp(scaled - scaled.max())
     if p.min_p > 0:  # vLLM's: below min_p times the likeliest
         probs = np.where(probs < p.min_p, 0.0, probs)
     k = p.top_k if p.top_k > 0 else len(probs)
@@ -571,9 +557,8 @@ def candidates(
         order = most_likely(probs, k)  # a flat distribution: sort them all
     kept = probs[order] / probs[order].sum()
     if p.top_p < 1.0:
-        n = (
-            int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1
-        )  # smallest prefix reaching top_p
+        # smallest prefix reaching top_p
+        n = int(np.searchsorted(np.cumsum(kept), p.top_p)) + 1
         order, kept = order[:n], kept[:n]
     return order, kept
 

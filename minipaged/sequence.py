@@ -32,21 +32,17 @@ class Sequence:
     num_computed: int = 0
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
-    stop_reason: int | str | None = (
-        None  # vLLM's: the stop string or stop token id that ended it
-    )
+    # vLLM's: the stop string or stop token id that ended it
+    stop_reason: int | str | None = None
     generator: object = None  # the sampler's random stream
     detokenizer: object = None  # the engine's incremental detokenizer
     text: str = ""
-    released: int = (
-        0  # characters of `text` handed out (the rest may start a stop string)
-    )
-    logprobs: list[dict[int, Logprob]] | None = (
-        None  # asked for: per output token, its own and the top ones
-    )
-    constraint: object = (
-        None  # structured output: the automaton's state (allowed, advance), or None
-    )
+    # characters of `text` handed out (the rest may start a stop string)
+    released: int = 0
+    # asked for: per output token, its own and the top ones
+    logprobs: list[dict[int, Logprob]] | None = None
+    # structured output: the automaton's state (allowed, advance), or None
+    constraint: object = None
 
     def keep_until_stop(
         self, tokens: list[int], params: SamplingParams, eos_token_ids, logits=None
@@ -63,9 +59,8 @@ class Sequence:
             if params.logprobs is not None:
                 self.add_logprobs(logits[i], token, params.logprobs)
             stops = params.stop if len(self.output_ids) + i >= params.min_tokens else []
-            if params.ends(
-                token, eos_token_ids
-            ):  # vLLM's stop_reason: a stop token's id, None for eos
+            # vLLM's stop_reason: a stop token's id, None for eos
+            if params.ends(token, eos_token_ids):
                 self.stop_reason = (
                     None if token in eos_token_ids and not params.ignore_eos else token
                 )
@@ -92,9 +87,8 @@ class Sequence:
         start = max(0, len(self.text) - len(new) - max(map(len, stops), default=1) + 1)
         found = [(i, stop) for stop in stops if (i := self.text.find(stop, start)) >= 0]
         if found:
-            at, self.stop_reason = min(
-                found, key=lambda f: f[0]
-            )  # the one that starts first
+            # the one that starts first
+            at, self.stop_reason = min(found, key=lambda f: f[0])
             self.text = self.text[:at]
         return bool(found)
 
@@ -146,22 +140,17 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence]
     status: Status = Status.WAITING
-    num_cached_tokens: int = (
-        0  # prompt tokens found in the prefix cache at first admission
-    )
-    priority: int = (
-        0  # vLLM's `priority=` (lower first), for a waiting order that reads it
-    )
-    arrival: int = (
-        0  # the scheduler's step count when it was added (waiting orders read it)
-    )
-    client: str = (
-        ""  # who asked (the server's API key, else address): a fair order reads it
-    )
+    # prompt tokens found in the prefix cache at first admission
+    num_cached_tokens: int = 0
+    # vLLM's `priority=` (lower first), for a waiting order that reads it
+    priority: int = 0
+    # the scheduler's step count when it was added (waiting orders read it)
+    arrival: int = 0
+    # who asked (the server's API key, else address): a fair order reads it
+    client: str = ""
     done_beams: list[Sequence] = field(default_factory=list)  # finished beam hypotheses
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-        None  # asked for: per prompt token, from the prefill
-    )
+    # asked for: per prompt token, from the prefill
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def __post_init__(self):
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

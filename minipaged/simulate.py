@@ -1,6 +1,5 @@
 """`python -m minipaged.simulate`: the simulator's command line. A door only: the code
-lives in
-minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
+lives in minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
 
 import sys
 

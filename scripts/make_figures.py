@@ -159,8 +159,7 @@ def block_size_sweep(requests) -> tuple[LineChart, LineChart]:
 
 def decode_floor() -> BarChart:
     """The least time one decode-attention call can take on an H200: the K and V it must
-    read,
-    for each shape `python -m minipaged.bench kernel` times, at 4.8 TB/s."""
+    read, for each shape `python -m minipaged.bench kernel` times, at 4.8 TB/s."""
     labels, micros = [], []
     for s in SHAPES:
         kv_bytes = (
@@ -198,8 +197,7 @@ def forked(num_samples: int = 4) -> BlockManager:
 
 def copied_on_write() -> BlockManager:
     """After forked(): each sample writes its first token into the shared, partly full
-    last
-    frame; all but the last writer copy it first."""
+    last frame; all but the last writer copy it first."""
     manager = forked()
     for seq_id in manager.seq_ids():
         manager.append_slot(seq_id, 100)
@@ -310,8 +308,7 @@ def random_requests(
 
 def serve(llm: LLM, requests, on_step=lambda engine: None, **options) -> list:
     """Every request through a fresh engine over llm's model (EngineConfig options); the
-    StepReports.
-    on_step(engine) is called after each step."""
+    StepReports. on_step(engine) is called after each step."""
     engine = llm.new_engine(**options)
     for i, (prompt, length) in enumerate(requests):
         engine.add_request(
@@ -330,8 +327,7 @@ def timelines(llm: LLM) -> dict:
     """Ten requests of mixed answer lengths, at most 4 running at once: continuous and
     static on the same memory (room for 4 static reservations of 64 tokens), so that
     newcomers join as others leave; then continuous on a pool too small for them, where
-    preempted requests (by
-    recompute) come back later."""
+    preempted requests (by recompute) come back later."""
     requests = random_requests(10, (8, 20), (3, 20), seed=1)
     memory = dict(num_blocks=16, block_size=16, max_model_len=64, max_num_seqs=4)
     return {
@@ -494,8 +490,7 @@ DRUM_RESULTS = (
 def drum_figures() -> dict:
     """Note 12: where the benchmark trace's returning prompts found their tokens
     (replayed through block managers, no model), and the measured time to first token
-    (the committed
-    JSON of `bench drum`)."""
+    (the committed JSON of `bench drum`)."""
     import json
 
     from minipaged.tools.bench.drum import make_trace, sources_chart, ttft_chart
@@ -636,9 +631,8 @@ def policy_mechanism() -> Drawing:
         f'<rect x="{core_x}" y="{core_y}" width="{core_w}" height="{core_h}" rx="10"'
         ' fill="#f4f4f4" stroke="#333333" stroke-width="2"/>'
     )
-    right = (
-        core_x + core_w - 14
-    )  # the core's words at its right: the wires come in at its left
+    # the core's words at its right: the wires come in at its left
+    right = core_x + core_w - 14
     body.append(
         _svg_text(
             right,

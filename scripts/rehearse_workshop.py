@@ -164,8 +164,7 @@ def metrics(base: str, names) -> dict:
 def ask(base: str, i: int) -> float:
     """The room's client script of docs/workshop.md, with the official openai client.
     Each attendee connects from an address of its own (127.0.0.2, .3, ...: a laptop of
-    the room), as
-    the server's per-client share counts an address and its key."""
+    the room), as the server's per-client share counts an address and its key."""
     import httpx
     from openai import OpenAI
 
@@ -204,9 +203,8 @@ if __name__ == "__main__":
     print("| block | run time | what ran |\n| --- | --- | --- |")
     blocks = [("welcome: make chat, first answer", chat)]
     labs = {2: [1], 4: [2, 3], 5: [4], 3: [5]}  # notebook -> the labs that end it
-    for path in sorted(
-        (ROOT / "notebooks").glob("0[1-7]_*.ipynb")
-    ):  # the plan's blocks 1-7
+    # the plan's blocks 1-7
+    for path in sorted((ROOT / "notebooks").glob("0[1-7]_*.ipynb")):
         blocks.append((f"notebook {path.stem}", notebook(path)))
         blocks += [
             (f"lab {number} check --solution", lab(number))

@@ -110,9 +110,8 @@ def write_checkpoint(
                 tensors[p + f"self_attn.{name}_proj.bias"] = 0.5 * w(
                     size * head_dim, scale=1.0
                 )
-        if (
-            bias and arch == "LlamaForCausalLM"
-        ):  # Llama's attention_bias covers o_proj too
+        # Llama's attention_bias covers o_proj too
+        if bias and arch == "LlamaForCausalLM":
             tensors[p + "self_attn.o_proj.bias"] = 0.5 * w(hidden, scale=1.0)
     write_safetensors(folder / "model.safetensors", tensors, dtype)
     (folder / "config.json").write_text(json.dumps(config, indent=1))

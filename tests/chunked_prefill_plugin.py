@@ -24,9 +24,8 @@ def chunked_post_init(self):
 def counted_schedule_prefill(self, request, batch):
     before = len(batch.scheduled)
     _schedule_prefill(self, request, batch)
-    chunks[0] += sum(
-        not s.samplers for s in batch.scheduled[before:]
-    )  # a chunk that is not the last
+    # a chunk that is not the last
+    chunks[0] += sum(not s.samplers for s in batch.scheduled[before:])
 
 
 EngineConfig.__post_init__ = chunked_post_init

@@ -2,8 +2,7 @@
 writes.
 
 The batches come from minipaged.attention.testing: frames in random order, frames shared
-by two
-sequences, -1 padding, and NaN in every slot that no sequence owns."""
+by two sequences, -1 padding, and NaN in every slot that no sequence owns."""
 
 import numpy as np
 import pytest

@@ -156,9 +156,8 @@ def random_match(dfa: DFA, rng, alphabet: str, limit: int = 400) -> str | None:
         options = [c for c in alphabet if dfa.step(state, c) != DEAD]
         if not options:
             return text if dfa.accepting(state) else None
-        closing = (
-            [c for c in options if c in '"}],'] if rng.random() < 0.4 else []
-        )  # so that walks end
+        # so that walks end
+        closing = [c for c in options if c in '"}],'] if rng.random() < 0.4 else []
         ch = (closing or options)[int(rng.integers(len(closing or options)))]
         state, text = dfa.step(state, ch), text + ch
     return None
@@ -309,9 +308,8 @@ def test_the_mask_is_the_brute_force_set_and_the_end_needs_a_whole_match(pattern
         before = constraint.fork()
         constraint.advance(token)
         text += automata.texts[token]
-        assert (
-            before.allowed()[token] and before.state != DEAD
-        )  # the fork stayed where it was
+        # the fork stayed where it was
+        assert before.allowed()[token] and before.state != DEAD
     dead = automata.compile(StructuredOutputsParams(regex=pattern))
     dead.advance(WORDS.index("é"))
     assert dead.state == DEAD and not dead.allowed().any()
@@ -363,7 +361,6 @@ def test_random_walks_over_smollm2s_vocabulary_end_in_valid_answers(
         else:
             pytest.fail("the walk did not end in 300 tokens")
         text = llm.tokenizer.decode(ids)
-        assert text == "".join(
-            automata.texts[t] for t in ids
-        )  # the texts are the decoder's
+        # the texts are the decoder's
+        assert text == "".join(automata.texts[t] for t in ids)
         assert check(text), text

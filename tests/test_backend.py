@@ -124,9 +124,8 @@ def test_panel_weight_multiplies_as_the_plain_matrix(shape, rows):
     w = rng.standard_normal(shape, dtype=np.float32)
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32)
     out = x @ cpu.PanelWeight(w)
-    np.testing.assert_allclose(
-        x @ cpu.PanelWeight(np.ascontiguousarray(w.T).T), out
-    )  # a transposed view
+    # a transposed view
+    np.testing.assert_allclose(x @ cpu.PanelWeight(np.ascontiguousarray(w.T).T), out)
     assert (
         type(out) is np.ndarray
         and out.shape == (rows, shape[1])
@@ -155,9 +154,8 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
     assert isinstance(cpu.projection_weight(w, np, np.float32), cpu.PanelWeight)
     monkeypatch.setenv("MINIPAGED_CPU_PANELS", "0")
     monkeypatch.setattr(cpu, "panels_pay", lambda: True)
-    plain = cpu.projection_weight(
-        w.T.astype(np.float64).T, np, np.float32
-    )  # (in, out) view of (out, in)
+    # (in, out) view of (out, in)
+    plain = cpu.projection_weight(w.T.astype(np.float64).T, np, np.float32)
     assert (
         type(plain) is np.ndarray
         and plain.dtype == np.float32
@@ -168,8 +166,7 @@ def test_panels_where_they_pay_plain_arrays_elsewhere(monkeypatch):
 
 def test_the_panels_are_split_over_the_free_cores(monkeypatch):
     """Each core gets its own contiguous share of the panels, and together they cover
-    all; a
-    product split over the cores free now or over one gives the same numbers."""
+    all; a product split over the cores free now or over one gives the same numbers."""
     seen = []
     cpu._split(lambda lo, hi: seen.append((lo, hi)), 10, 3)
     assert sorted(seen) == [(0, 3), (3, 6), (6, 10)]
@@ -237,9 +234,8 @@ def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
         cpu, "follow_machine_load", lambda: follows.append(1) or follow()
     )
     monkeypatch.setattr(cpu, "busy_cores", lambda samples: looks.append(samples) or 0)
-    monkeypatch.setattr(
-        cpu, "_cores", cpu._Cores(period=60)
-    )  # never looked yet: its first call looks
+    # never looked yet: its first call looks
+    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=60))
     monkeypatch.setattr(cpu, "_set_blas_threads", lambda threads: None)
     model = Model.from_folder(write_checkpoint(tmp_path))
     cache = ContiguousKVCache(model.config, 1, 16, np, model.dtype)

@@ -154,10 +154,11 @@ def test_the_battery_has_over_fifty_cases():
 
 @pytest.mark.parametrize("field, value, words", BAD_PARAMS)
 def test_bad_sampling_params(llm, expected, field, value, words):
+    # stop ids outside the vocabulary: only the model knows its size
     if value not in (
         [-1],
         [10**9],
-    ):  # stop ids outside the vocabulary: only the model knows its size
+    ):
         with pytest.raises(ValueError, match=field):
             SamplingParams(**{field: value})
     assert_refused_alone(llm, expected, GOOD[0], with_field(field, value), words)

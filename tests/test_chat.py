@@ -113,24 +113,19 @@ def test_cached_frames_is_the_page_table_the_prefix_cache_keeps():
     manager.allocate("a", range(10))  # blocks [0..3] and [4..7] get full
     frames = manager.block_table("a")
     manager.free("a")
-    assert (
-        manager.cached_frames(range(10)) == frames[:2]
-    )  # kept after the sequence is gone
-    assert (
-        manager.cached_frames(range(8)) == frames[:2]
-    )  # a whole last block counts too
+    # kept after the sequence is gone
+    assert manager.cached_frames(range(10)) == frames[:2]
+    # a whole last block counts too
+    assert manager.cached_frames(range(8)) == frames[:2]
     assert manager.cached_frames([*range(4), 9, 9, 9, 9]) == frames[:1]
-    assert (
-        manager.cached_frames([1, 0, 2, 3, 4]) == []
-    )  # the chain breaks at the first block
+    # the chain breaks at the first block
+    assert manager.cached_frames([1, 0, 2, 3, 4]) == []
     before = list(manager.device.prefix_cache.evictable)
     manager.cached_frames(range(10))
-    assert (
-        list(manager.device.prefix_cache.evictable) == before
-    )  # looking changes no LRU order
-    assert (
-        manager.allocate("b", range(8)) == 4
-    )  # allocate still computes the last token
+    # looking changes no LRU order
+    assert list(manager.device.prefix_cache.evictable) == before
+    # allocate still computes the last token
+    assert manager.allocate("b", range(8)) == 4
     assert BlockManager(8, 4, enable_prefix_caching=False).cached_frames(range(8)) == []
 
 
@@ -174,9 +169,8 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     ],
 )  # the parser's
 def test_an_engine_setting_the_engine_refuses_is_one_line(model, option, value, named):
-    result = run_pipe(
-        model, ["hello"], option, value
-    )  # LLM(...) raises ValueError: one line
+    # LLM(...) raises ValueError: one line
+    result = run_pipe(model, ["hello"], option, value)
     assert named in one_line_error(result)
 
 
@@ -204,9 +198,8 @@ def test_a_model_that_cannot_be_found_is_one_short_message():
     )
     line = one_line_error(result)
     assert "model 'does/not-exist' is not a local folder" in line and len(line) < 400
-    with pytest.raises(
-        FileNotFoundError
-    ) as caught:  # and through the Python API: no chain
+    # and through the Python API: no chain
+    with pytest.raises(FileNotFoundError) as caught:
         resolve_model("does/not-exist")
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
@@ -224,9 +217,8 @@ def test_bytes_that_are_not_utf8_do_not_end_the_chat(model):
     )
     stderr = result.stderr.decode()
     assert result.returncode == 0 and "Traceback" not in stderr, stderr
-    assert (
-        len(turn_notes(stderr)) == 2
-    )  # both lines answered, the first with U+FFFD for its bytes
+    # both lines answered, the first with U+FFFD for its bytes
+    assert len(turn_notes(stderr)) == 2
 
 
 # ---- through a pipe: what scripts see ------------------------------------------------
@@ -280,9 +272,8 @@ def test_a_piped_conversation_remembers_reuses_its_pages_and_resets(model):
     pages, answer3 = rest.split("conversation forgotten")
     s1, s2, s3 = map(stats_numbers, blocks)
 
-    assert (
-        answer1.strip() and "Ada" in answer2
-    )  # the second answer depends on the first turn
+    # the second answer depends on the first turn
+    assert answer1.strip() and "Ada" in answer2
     assert "Ada" not in answer3  # ... and after /reset the same question cannot know
     # every full block of turn 1 (its prompt and its answer but the last, unwritten,
     # token) was mapped again from the prefix cache instead of being computed
@@ -291,23 +282,19 @@ def test_a_piped_conversation_remembers_reuses_its_pages_and_resets(model):
         == BLOCK * ((s1["prompt"] + s1["output"] - 1) // BLOCK)
         > s1["prompt"] - BLOCK
     )
-    assert (
-        s3["prompt"] < s2["prompt"] and s3["prompt"] < s1["prompt"] + BLOCK
-    )  # the history is gone
-    assert (
-        0 < s3["cached"] < s3["prompt"]
-    )  # the system prompt's blocks outlive the /reset
+    # the history is gone
+    assert s3["prompt"] < s2["prompt"] and s3["prompt"] < s1["prompt"] + BLOCK
+    # the system prompt's blocks outlive the /reset
+    assert 0 < s3["cached"] < s3["prompt"]
     assert [n[1:] for n in turn_notes(result.stderr)] == [
         (s["cached"], s["prompt"]) for s in (s1, s2, s3)
     ]
     for s in (s1, s2, s3):
         assert s["tokens_per_s"] > 0 and s["first_s"] > 0 and 0 < s["output"] <= 48
-        assert (
-            50 < s["utilization"] <= 100
-        )  # while answering: only the last block has unused slots
-        assert (
-            s["used"] == 0 and s["free"] == s["total"]
-        )  # finished answers keep no frame mapped
+        # while answering: only the last block has unused slots
+        assert 50 < s["utilization"] <= 100
+        # finished answers keep no frame mapped
+        assert s["used"] == 0 and s["free"] == s["total"]
     assert (
         f"this conversation: {s3['cached']:.0f} of {s3['prompt']:.0f} prompt tokens"
         in blocks[2]
@@ -332,9 +319,8 @@ def test_a_piped_conversation_remembers_reuses_its_pages_and_resets(model):
         )
     }
     assert all(rows[f - f % 32][f % 32] == "c" for f in frames)
-    assert re.search(
-        r"frames \d+-\d+ free", pages
-    )  # the unused rest of the pool is folded
+    # the unused rest of the pool is folded
+    assert re.search(r"frames \d+-\d+ free", pages)
     assert all(len(line) <= 80 for line in pages.splitlines())
 
 
@@ -383,9 +369,8 @@ def test_a_reader_that_leaves_early_ends_the_chat_quietly(tiny):
     chat.stdin.write("and again\n")
     chat.stdin.close()
     stderr = chat.stderr.read()
-    assert chat.wait(timeout=60) == 141, (
-        stderr
-    )  # 128 + SIGPIPE, as a shell reports such a writer
+    # 128 + SIGPIPE, as a shell reports such a writer
+    assert chat.wait(timeout=60) == 141, stderr
     assert (
         len(first.split()) == 3 and "Traceback" not in stderr and "Error" not in stderr
     ), stderr
@@ -438,9 +423,8 @@ def test_a_terminal_session_streams_stops_on_ctrl_c_and_leaves_on_ctrl_d(model):
         assert int(child.match[1]) < 256
         child.expect("you> ")  # back at the prompt, still alive
         child.sendline("/stats")
-        child.expect(
-            r"KV frames now: 0 used, (\d+) free of (\d+)"
-        )  # the stopped answer freed its frames
+        # the stopped answer freed its frames
+        child.expect(r"KV frames now: 0 used, (\d+) free of (\d+)")
         assert child.match[1] == child.match[2]
         child.expect("you> ")
         child.sendline("/pages")

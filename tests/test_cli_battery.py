@@ -80,10 +80,11 @@ def is_numeric(action: argparse.Action) -> bool:
     bytes."""
     if not action.option_strings or action.type is None:
         return False
+    # llm.number keeps its kind
     if getattr(action.type, "kind", action.type) in (
         int,
         float,
-    ):  # llm.number keeps its kind
+    ):
         return True
     try:
         return type(action.type("1")) in (int, float)
@@ -160,12 +161,10 @@ def test_the_battery_finds_every_kind_of_option():
     ]:
         assert expected in found, expected
     assert set(ZERO_IS_VALID) <= found, "ZERO_IS_VALID names an option no parser has"
-    assert {name for name, _, _ in OPTIONS} == set(
-        COMMANDS
-    )  # every command has numeric options
-    assert all(
-        isinstance(parser, CommandParser) for parser in SUBPARSERS.values()
-    )  # errors in one line
+    # every command has numeric options
+    assert {name for name, _, _ in OPTIONS} == set(COMMANDS)
+    # errors in one line
+    assert all(isinstance(parser, CommandParser) for parser in SUBPARSERS.values())
 
 
 @pytest.mark.parametrize(
@@ -190,9 +189,10 @@ def test_values_past_the_edges_say_what_is_wrong(args, message):
 
 
 def test_bounds_that_are_not_zero():
+    # all at once
     assert parse("bench serve", ["--request-rate", "inf"])[2].request_rate == float(
         "inf"
-    )  # all at once
+    )
     for name, args in [
         (
             "bench decode",

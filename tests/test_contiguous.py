@@ -22,9 +22,8 @@ def test_first_fit_places_each_chunk_in_the_first_gap_and_merges_gaps_on_free():
     blocks.free("a")
     blocks.free("c")  # gaps: 0-2 and 7-9
     assert blocks.device.gaps == [(0, 3), (7, 3)] and blocks.device.num_free == 6
-    assert (
-        not blocks.can_reserve(4) and blocks.refusals == 1
-    )  # 6 free in all, no 4 in a row
+    # 6 free in all, no 4 in a row
+    assert not blocks.can_reserve(4) and blocks.refusals == 1
     assert blocks.can_reserve(3) and blocks.refusals == 1
     blocks.allocate("d", [5], final_len=3)  # first fit: the gap at 0
     assert blocks.block_table("d") == [0]
@@ -44,13 +43,11 @@ def test_a_sequence_grows_inside_its_chunk_and_never_past_it():
         assert blocks.can_append_slots("a")
         blocks.append_slot("a", token)
     assert blocks.block_table("a") == [0, 1, 2] and blocks.device.num_reserved == 0
-    usage = (
-        blocks.usage()
-    )  # 6 slots in 3 frames: 5 tokens, 1 slot of rounding (internal)
+    # 6 slots in 3 frames: 5 tokens, 1 slot of rounding (internal)
+    usage = blocks.usage()
     assert (usage.token_slots, usage.reserved_unused, usage.internal_waste) == (5, 0, 1)
-    blocks.append_slot(
-        "a", 6
-    )  # the rounding slot takes one more; then the chunk is full
+    # the rounding slot takes one more; then the chunk is full
+    blocks.append_slot("a", 6)
     assert not blocks.can_append_slots("a")
     with pytest.raises(NoFreeFramesError):
         blocks.append_slot("a", 7)

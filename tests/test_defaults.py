@@ -32,9 +32,10 @@ COMBINATIONS = [
 def test_each_option_answers_with_the_default_memory(smollm2, options):
     engine = smollm2.new_engine(**options)
     kv_bytes = engine.kv.data.nbytes + engine.kv.host.nbytes
+    # device + host
     assert kv_bytes <= 2 * 512 * 2**20, (
         f"{kv_bytes / 2**30:.1f} GiB of KV memory by default"
-    )  # device + host
+    )
     engine.add_request(
         "r",
         {"prompt_token_ids": smollm2.tokenizer.encode("The capital of France is")},

@@ -65,10 +65,11 @@ def test_a_second_kv_cache_on_a_live_tier_file_is_refused_the_first_keeps_its_fr
     path = tmp_path / "drum.bin"
     first = tier_cache(path)
     store(first, 7.0)
+    # the same size (its frames read back zeros), a smaller one (SIGBUS)
     for frames in (
         3,
         1,
-    ):  # the same size (its frames read back zeros), a smaller one (SIGBUS)
+    ):
         with pytest.raises(ValueError, match=in_use(path)) as error:
             tier_cache(path, frames)
         assert "another kv_offload_path" in str(
@@ -93,9 +94,8 @@ def test_a_closed_or_collected_kv_cache_gives_its_tier_file_back(tmp_path):
     np.testing.assert_array_equal(load(second), 2.0)
     del second  # dropped: given back when collected
     third = tier_cache(path)
-    third.itself = (
-        third  # in a reference cycle, collected only by the garbage collector
-    )
+    # in a reference cycle, collected only by the garbage collector
+    third.itself = third
     del third
     fourth = tier_cache(path)
     store(fourth, 4.0)
@@ -197,9 +197,8 @@ def test_an_unwritable_kv_offload_path_is_refused_clearly(tmp_path, monkeypatch)
     folder.mkdir()
     folder.chmod(0o500)
     try:
-        if os.access(
-            folder, os.W_OK
-        ):  # root (or Windows) writes there anyway: fail as it would
+        # root (or Windows) writes there anyway: fail as it would
+        if os.access(folder, os.W_OK):
 
             def refuse(*args, **kwargs):
                 raise PermissionError(13, "Permission denied")

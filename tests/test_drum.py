@@ -77,10 +77,11 @@ class Pool:
         self.kv.apply(
             MemoryMoves(tier=self.manager.take_tier_moves()), copy_blocks=None
         )
+        # the forward writes the blocks that were not cached
         for (
             seq_id,
             prompt,
-        ) in prompts.items():  # the forward writes the blocks that were not cached
+        ) in prompts.items():
             frames = self.manager.block_table(seq_id)
             for i, h in enumerate(
                 hashes(prompt)[cached[seq_id] // 4 :], start=cached[seq_id] // 4
@@ -113,9 +114,8 @@ def test_an_evicted_block_is_stored_in_the_tier_and_loaded_back_on_a_hit():
     assert (pool.manager.tier.stores, pool.manager.tier_hits) == (2, 0)
     pool.step({}, frees=["b"])
     moves_before = pool.manager.tier.loads
-    assert pool.step({"c": [1, 2, 3, 4, 5, 6, 7, 8, 99]}) == {
-        "c": 8
-    }  # both blocks from the tier
+    # both blocks from the tier
+    assert pool.step({"c": [1, 2, 3, 4, 5, 6, 7, 8, 99]}) == {"c": 8}
     assert pool.manager.tier.loads - moves_before == 2 and pool.manager.tier_hits == 8
     assert pool.manager.prefix_cache_hits == 0  # the pool itself had none of them
     pool.check()
@@ -138,12 +138,10 @@ def test_a_prompt_takes_pool_hits_and_tier_hits_in_one_page_table():
     pool.step({}, frees=["a"])  # parked tail first: block 2, 1, then 0
     pool.step({"b": [50, 51, 52, 53, 54]})  # two frames: the free one, then block 2's
     pool.step({}, frees=["b"])
-    assert pool.manager.cached_frames(prompt) == pool.manager.cached_frames(
-        prompt[:8]
-    )  # blocks 0, 1 only
-    assert pool.step({"c": prompt}) == {
-        "c": 12
-    }  # blocks 0, 1 from the pool, 2 from the tier
+    # blocks 0, 1 only
+    assert pool.manager.cached_frames(prompt) == pool.manager.cached_frames(prompt[:8])
+    # blocks 0, 1 from the pool, 2 from the tier
+    assert pool.step({"c": prompt}) == {"c": 12}
     assert pool.manager.tier_hits == 4 and pool.manager.prefix_cache_hits == 8
     pool.check()
 
@@ -156,21 +154,18 @@ def test_the_tier_gives_up_the_block_the_pool_gave_up_longest_ago():
         )
     tier = pool.manager.tier
     assert (tier.stores, tier.evictions, tier.num_used) == (3, 1, 2)
-    assert pool.step({"y": list(range(20, 25))}, frees=["s3"]) == {
-        "y": 4
-    }  # the second is still there
-    assert pool.step({"x": list(range(10, 15))}, frees=["y"]) == {
-        "x": 0
-    }  # the first is gone
+    # the second is still there
+    assert pool.step({"y": list(range(20, 25))}, frees=["s3"]) == {"y": 4}
+    # the first is gone
+    assert pool.step({"x": list(range(10, 15))}, frees=["y"]) == {"x": 0}
     pool.check()
 
 
 def test_a_block_loaded_back_and_evicted_again_is_not_copied_twice():
     pool = Pool(num_blocks=2, num_tier=4)
     pool.step({"a": list(range(10, 15))})
-    for i, first in enumerate(
-        (20, 10, 20, 10)
-    ):  # a and b take turns, evicting each other
+    # a and b take turns, evicting each other
+    for i, first in enumerate((20, 10, 20, 10)):
         pool.step(
             {f"s{i}": list(range(first, first + 5))},
             frees=["a" if i == 0 else f"s{i - 1}"],
@@ -186,17 +181,14 @@ def test_a_tier_frame_being_loaded_is_not_stored_over_in_the_same_allocation():
     """
     pool = Pool(num_blocks=2, num_tier=1)
     pool.step({"a": list(range(10, 15))})  # block A and a partial block
-    pool.step(
-        {"b": list(range(20, 28))}, frees=["a"]
-    )  # blocks B0, B1: A goes to the tier
+    # blocks B0, B1: A goes to the tier
+    pool.step({"b": list(range(20, 28))}, frees=["a"])
     pool.step({}, frees=["b"])  # B1, B0 parked, in that order; none free
-    assert pool.step({"d": [10, 11, 12, 13, 99]}) == {
-        "d": 4
-    }  # A loaded: its frame was B1's
+    # A loaded: its frame was B1's
+    assert pool.step({"d": [10, 11, 12, 13, 99]}) == {"d": 4}
     assert pool.manager.tier.stores == 2  # B1 was forgotten, B0 (evicted for the
-    assert (
-        pool.manager.cached_frames(range(20, 28)) == []
-    )  # partial block) took A's tier frame
+    # partial block) took A's tier frame
+    assert pool.manager.cached_frames(range(20, 28)) == []
     assert pool.manager.tier.lookup(None, [20, 21, 22, 23]) == 0
     pool.check()  # ...after A was read from it
 
@@ -250,12 +242,10 @@ def test_moves_apply_in_order_a_frame_written_twice_in_a_step():
         ("store", [1, 0], [0, 1]),
     ]
     kv.apply(MemoryMoves(tier=moves), copy_blocks=None)
-    np.testing.assert_array_equal(
-        kv.data[:, :, 1], content(1)
-    )  # loaded before frame 0 was stored over
-    np.testing.assert_array_equal(
-        kv.tier[:, :, 0], content(1)
-    )  # frame 1 held block 1 by then
+    # loaded before frame 0 was stored over
+    np.testing.assert_array_equal(kv.data[:, :, 1], content(1))
+    # frame 1 held block 1 by then
+    np.testing.assert_array_equal(kv.tier[:, :, 0], content(1))
     assert tier_runs([("store", 3, 0), ("store", 4, 0)]) == [
         ("store", [3], [0]),
         ("store", [4], [0]),

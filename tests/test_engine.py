@@ -87,9 +87,8 @@ def test_stop_conditions(llm):
 def test_eos_ends_a_sequence_unless_ignored(llm):
     prompt = {"prompt_token_ids": [1, 5]}
     base = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    llm.eos_token_ids = {
-        base[4]
-    }  # pretend the model's eos is a token it is about to produce
+    # pretend the model's eos is a token it is about to produce
+    llm.eos_token_ids = {base[4]}
     out = llm.generate(
         [prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False
     )[0]

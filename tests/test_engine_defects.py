@@ -71,9 +71,8 @@ def test_1_the_block_manager_counts_one_copy_fewer_than_the_sharers():
     blocks.fork("a", "b")
     blocks.fork("a", "c")
     assert blocks.num_free_frames == 2
-    assert blocks.can_append_slots(
-        "a", "b", "c"
-    )  # two copies; "c" then writes in place
+    # two copies; "c" then writes in place
+    assert blocks.can_append_slots("a", "b", "c")
     assert blocks.can_append_slots("a", "b")  # "c" still maps the frame: two copies
     blocks.allocate("d", [7])
     assert not blocks.can_append_slots("a", "b", "c")  # 1 free frame, 2 copies needed
@@ -159,9 +158,8 @@ def test_5_beam_search_stops_at_max_model_len(folder):
 def test_6_generate_collects_only_its_own_requests(llm):
     engine = llm.engine
     engine.add_request("mine", {"prompt_token_ids": [1, 5]}, GREEDY)
-    engine.add_request(
-        "generate-0", {"prompt_token_ids": [1, 6]}, GREEDY
-    )  # a user may pick any id
+    # a user may pick any id
+    engine.add_request("generate-0", {"prompt_token_ids": [1, 6]}, GREEDY)
     outs = llm.generate(
         [{"prompt_token_ids": [1, 7]}, {"prompt_token_ids": [1, 8]}],
         GREEDY,
@@ -195,9 +193,8 @@ def test_6_an_abandoned_stream_and_an_interrupted_generate_leave_the_llm_usable(
     with pytest.raises(KeyboardInterrupt):
         llm.generate(["a b c", "d e"], GREEDY, use_tqdm=False)
     monkeypatch.undo()
-    assert [r.split("-")[0] for r in llm.engine.requests] == [
-        "stream"
-    ]  # generate took its requests back
+    # generate took its requests back
+    assert [r.split("-")[0] for r in llm.engine.requests] == ["stream"]
     out = llm.generate([{"prompt_token_ids": [1, 7]}], GREEDY, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == greedy_generate(llm.model, [1, 7], 8)
     rest = "".join(stream)  # the abandoned stream still completes
@@ -351,8 +348,7 @@ def test_12_beam_search_streams_its_best_text_and_aborts_with_its_beams(llm):
 
 def test_13_cached_tokens_count_prompt_hits_only(llm):
     """Preempted by recompute, a request finds its own generated tokens cached when it
-    comes
-    back; those are not prompt tokens served from the prefix cache."""
+    comes back; those are not prompt tokens served from the prefix cache."""
     engine = llm.new_engine(num_blocks=12, block_size=4, max_num_seqs=8)
     rng = np.random.default_rng(0)
     prompts = {str(i): [1] + rng.integers(5, 60, 2).tolist() for i in range(8)}
@@ -368,9 +364,8 @@ def test_13_cached_tokens_count_prompt_hits_only(llm):
         preempted += len(report.preempted)
         outputs |= {o.request_id: o for o in report.finished}
     assert preempted > 0
-    assert [o.num_cached_tokens for o in outputs.values()] == [
-        0
-    ] * 8  # 3-token prompts: no whole block
+    # 3-token prompts: no whole block
+    assert [o.num_cached_tokens for o in outputs.values()] == [0] * 8
 
 
 # ---- issue 18: defects found where strangers poke ------------------------------------
@@ -379,8 +374,7 @@ def test_13_cached_tokens_count_prompt_hits_only(llm):
 def test_18_4_beams_count_their_width_against_max_num_seqs(folder):
     """A beam request is admitted as one sequence and forks to beam_width: it must count
     as beam_width, or a step runs more than max_num_seqs rows and a swapped request can
-    never
-    come back (the engine stalled with 'could not schedule any request')."""
+    never come back (the engine stalled with 'could not schedule any request')."""
     small = LLM(
         str(folder),
         device="cpu",
@@ -415,9 +409,8 @@ def test_18_4_beams_count_their_width_against_max_num_seqs(folder):
             break
         report = engine.step()
         most = max(most, len(report.ran))
-    assert (
-        not engine.has_unfinished_requests() and most == 4
-    )  # one request of four beams at a time
+    # one request of four beams at a time
+    assert not engine.has_unfinished_requests() and most == 4
     assert_idle_and_empty(engine)
 
 
@@ -433,9 +426,8 @@ def test_18_5_stop_strings_are_bounded_and_checked_near_the_new_text(llm):
         .outputs[0]
         .text
     )
-    stop = free[
-        len(free) // 2 : len(free) // 2 + 2
-    ]  # a stop string met halfway through the answer
+    # a stop string met halfway through the answer
+    stop = free[len(free) // 2 : len(free) // 2 + 2]
     assert stop.strip(), free
     stops = [f"never{i}" for i in range(MAX_STOP_STRINGS - 1)] + [stop]
     out = llm.generate(

@@ -8,12 +8,11 @@ step, speculative decoding (n-gram or draft layers, k guesses; continuous and pa
 only, no beams: refused), the prefix cache's replacement policy (LRU, FIFO, CLOCK,
 random), the drum behind it (a host tier of 1 to 32 frames), the waiting queue's order
 (FCFS, SJF, aging, priority, fair), the working-set admission rule, the KV storage
-(kv_cache_dtype auto, int8, fp8), max_model_len, a KV pool from the
-smallest that `add_request` accepts upwards, and a few requests with shared prefixes:
-greedy, seeded samples (n > 1), beams, stop strings and stop ids, arriving at random
-steps and aborted at random steps (while waiting, running or swapped). The engine is
-driven by hand and checked by code of this file only (it reads engine internals, never
-changes them):
+(kv_cache_dtype auto, int8, fp8), max_model_len, a KV pool from the smallest that
+`add_request` accepts upwards, and a few requests with shared prefixes: greedy, seeded
+samples (n > 1), beams, stop strings and stop ids, arriving at random steps and aborted
+at random steps (while waiting, running or swapped). The engine is driven by hand and
+checked by code of this file only (it reads engine internals, never changes them):
 
 - after every step, add and abort: each frame's ref count is the number of block tables
   that map it (device and host pools apart), free + used (+ reserved, contiguous) =
@@ -110,9 +109,8 @@ class Scenario:
     prefix_caching: bool = True
     max_model_len: int = 40
     max_num_seqs: int = 64
-    pool_slack: float = (
-        0.0  # frames above the smallest accepted pool, as a fraction of it
-    )
+    # frames above the smallest accepted pool, as a fraction of it
+    pool_slack: float = 0.0
     num_requests: int = 6
     kinds: tuple = ("greedy", "sampled", "samples", "beam")
     abort_rate: float = 0.05  # chance per step that one live request is aborted
@@ -124,22 +122,17 @@ class Scenario:
     max_num_batched_tokens: int = 0  # with chunked_prefill: the token budget of a step
     speculative: str = ""  # "ngram" or "draft_layers": speculative decoding
     num_speculative_tokens: int = 0
-    prefix_cache_policy: str = (
-        "lru"  # which parked cached frame is evicted first (issue 22)
-    )
-    scheduling_policy: str = (
-        "fcfs"  # the waiting queue's order: "sjf", "aging", "priority", "fair"
-    )
-    kv_offload_frames: int = (
-        0  # the drum: host frames behind the prefix cache (0: none)
-    )
-    admission: str = (
-        "greedy"  # or "working-set": admit while the running sequences' growth fits
-    )
+    # which parked cached frame is evicted first (issue 22)
+    prefix_cache_policy: str = "lru"
+    # the waiting queue's order: "sjf", "aging", "priority", "fair"
+    scheduling_policy: str = "fcfs"
+    # the drum: host frames behind the prefix cache (0: none)
+    kv_offload_frames: int = 0
+    # or "working-set": admit while the running sequences' growth fits
+    admission: str = "greedy"
     admission_window: int = 16
-    kv_cache_dtype: str = (
-        "auto"  # or "int8" / "fp8": the 8-bit KV cache (compressed memory)
-    )
+    # or "int8" / "fp8": the 8-bit KV cache (compressed memory)
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -389,8 +382,7 @@ class Req:
 
 def stop_strings(rng, words) -> list[str]:
     """A word, a piece of a word, two words in a row, or the end of one word and the
-    start of
-    the next (a stop string across two tokens): some hit often, some rarely."""
+    start of the next (a stop string across two tokens): some hit often, some rarely."""
     out = []
     for _ in range(int(rng.integers(1, 3))):
         word, other = (
@@ -508,9 +500,8 @@ def draw_requests(sc: Scenario, vocab: int, words) -> list[Req]:
     reqs: list[Req] = []
     for i in range(sc.num_requests):
         if reqs and rng.random() < 0.15:
-            prompt = list(
-                reqs[int(rng.integers(len(reqs)))].prompt
-            )  # the very same prompt again
+            # the very same prompt again
+            prompt = list(reqs[int(rng.integers(len(reqs)))].prompt)
         else:
             prefix = prefixes[int(rng.integers(2))] if rng.random() < 0.6 else []
             prompt = (
@@ -591,9 +582,8 @@ class Stats:
     shared_writes: int = 0  # allowed writes into a frame several tables want written
     guessed: int = 0  # speculative decoding: guesses checked
     accepted: int = 0  # and accepted
-    prompt_chunks: int = (
-        0  # prefill rows that continue the previous step's prefill (chunked)
-    )
+    # prefill rows that continue the previous step's prefill (chunked)
+    prompt_chunks: int = 0
     tier_hits: int = 0  # prompt tokens copied back from the drum instead of recomputed
     finish_reasons: Counter = field(default_factory=Counter)
     kinds: Counter = field(default_factory=Counter)  # request kinds run
@@ -652,16 +642,14 @@ class Checker:
         self.engine, self.stats, self.label = engine, stats, label
         attention = engine.runner.attention
         attention.impl = WriteGuard(attention.impl, self)
-        self.accepted_blocks: set = (
-            set()
-        )  # (prev hash, block tokens) of every sequence's real tokens
+        # (prev hash, block tokens) of every sequence's real tokens
+        self.accepted_blocks: set = set()
         self.hashed: dict = {}  # sequence -> (full blocks hashed so far, last hash)
 
     @property
     def blocks(self):
-        return (
-            self.engine.blocks
-        )  # read each time: an engine may rebuild its block manager
+        # read each time: an engine may rebuild its block manager
+        return self.engine.blocks
 
     def check(self, when: str, finished=()) -> None:
         self.check_prefix_cache(when, finished)
@@ -671,13 +659,11 @@ class Checker:
         counts = {
             name: np.zeros(pool.num_blocks, dtype=np.int64) for name, pool in pools
         }
-        chunks = np.zeros(
-            blocks.device.num_blocks, dtype=np.int64
-        )  # contiguous: chunks over each frame
+        # contiguous: chunks over each frame
+        chunks = np.zeros(blocks.device.num_blocks, dtype=np.int64)
         for seq_id, table in blocks.tables.items():
-            if hasattr(
-                table, "start"
-            ):  # a contiguous chunk: frames start, start + 1, ... of its own
+            # a contiguous chunk: frames start, start + 1, ... of its own
+            if hasattr(table, "start"):
                 chunks[table.start : table.start + table.size] += 1
                 if (
                     table.frames
@@ -883,9 +869,8 @@ class WriteGuard:
 
     def write_kv(self, k, v, k_cache, v_cache, slot_mapping, **scales):
         slots = slot_mapping.get() if hasattr(slot_mapping, "get") else slot_mapping
-        if (
-            slot_mapping is not self._step_slots
-        ):  # the first layer of a forward: guesses are in the tables
+        # the first layer of a forward: guesses are in the tables
+        if slot_mapping is not self._step_slots:
             self._step_slots = slot_mapping
             self._checker.check_prefix_cache("during a forward")
         self._checker.check_write(
@@ -982,9 +967,8 @@ def check_output(
                 f"output {c.index}: {len(c.logprobs)} logprobs for {len(c.token_ids)}"
                 " tokens",
             )
-        held = (
-            params.structured_outputs is not None
-        )  # a whole match may end it sooner: the automaton wins
+        # a whole match may end it sooner: the automaton wins
+        held = params.structured_outputs is not None
         if (
             c.finish_reason == "stop"
             and len(c.token_ids) < params.min_tokens
@@ -1097,9 +1081,8 @@ def alone(
     key = (block_size, max_model_len, tuple(prompt), repr(params), kv_cache_dtype)
     if key not in ALONE:
         width = max(params.n, params.beam_width)
-        longest = (
-            len(prompt) + params.max_tokens + 1
-        )  # room even if max_model_len were ignored
+        # room even if max_model_len were ignored
+        longest = len(prompt) + params.max_tokens + 1
         frames = (
             max(width * -(-longest // block_size), -(-max_model_len // block_size)) + 4
         )
@@ -1234,9 +1217,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
     rng = np.random.default_rng([BASE_SEED, sc.seed, 2])
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}
-    state: dict[
-        str, str
-    ] = {}  # live request -> waiting / running / swapped (from the reports)
+    # live request -> waiting / running / swapped (from the reports)
+    state: dict[str, str] = {}
     outputs, aborted = {}, set()
     budget = 50 + 6 * sum(len(r.prompt) + r.params.max_tokens for r in reqs)
     step, last_prefills = 0, set()
@@ -1341,9 +1323,8 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
             stats,
             sc.kv_cache_dtype,
         )
-        if (
-            r.params.greedy or not sc.speculative
-        ):  # speculation draws other random numbers
+        # speculation draws other random numbers
+        if r.params.greedy or not sc.speculative:
             compare(out, ref, r.params, rid in aborted, where)
         stats.finish_reasons.update(c.finish_reason for c in out.outputs)
     return stats
@@ -1509,8 +1490,7 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
 
     def stop_inside(prompt, p):
         """The same request with a stop string that its own text holds across two tokens
-        (so
-        the text before it must be held back while the stream cannot know yet)."""
+        (so the text before it must be held back while the stream cannot know yet)."""
         plain = SamplingParams(
             **{f.name: getattr(p, f.name) for f in fields(p)} | {"stop": [], "n": 1}
         )
@@ -1518,9 +1498,8 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
             llm.tokenizer.decode([t])
             for t in expect(prompt, plain).outputs[0].token_ids
         ]
-        pairs = [
-            k for k in range(1, len(texts) - 1) if texts[k] and texts[k + 1]
-        ]  # special tokens: ''
+        # special tokens: ''
+        pairs = [k for k in range(1, len(texts) - 1) if texts[k] and texts[k + 1]]
         if not pairs:
             return p
         k = pairs[int(rng.integers(len(pairs)))]
@@ -1541,9 +1520,8 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
             [{"prompt_token_ids": p} for p, _ in batch],
             [p for _, p in batch],
         )
-        bad = [
-            vocab + 5
-        ]  # a prompt add_request refuses: the others must still come back right
+        # a prompt add_request refuses: the others must still come back right
+        bad = [vocab + 5]
         if rng.random() < 0.3:
             at = int(rng.integers(len(prompts) + 1))
             prompts.insert(at, {"prompt_token_ids": bad})
@@ -1579,9 +1557,8 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
         ref = expect(prompt, p)
         pieces, stream = [], llm.stream({"prompt_token_ids": prompt}, p)
         stats.requests += 1
-        wanted = (
-            None if op == "stream-full" else int(rng.integers(1, 4))
-        )  # >= 1: the request is added
+        # >= 1: the request is added
+        wanted = None if op == "stream-full" else int(rng.integers(1, 4))
         try:
             while wanted is None or len(pieces) < wanted:
                 pieces.append(next(stream))
@@ -1622,9 +1599,8 @@ def run_interleaving(folder, seed: int, stats: Stats) -> list[FuzzFailure]:
             if last is not None and p.beam_width == 1:
                 checked(compare, last, ref, p, True, label + " (closed early)")
         elif op == "stream-abandon":
-            abandoned.append(
-                stream
-            )  # still referenced: its request stays in the engine
+            # still referenced: its request stays in the engine
+            abandoned.append(stream)
         # stream-drop: the last reference goes now; CPython closes the generator
 
     abandoned, direct = [], 0
@@ -1691,9 +1667,8 @@ def test_generate_stream_interleavings(folder, capsys):
     assert not stats.failures, failure_summary(stats, repro)
 
 
-if (
-    __name__ == "__main__"
-):  # python tests/test_engine_fuzz.py 22 80 | static-aborts: one run, told step by step
+# python tests/test_engine_fuzz.py 22 80 | static-aborts: one run, told step by step
+if __name__ == "__main__":
     import sys
     import tempfile
 

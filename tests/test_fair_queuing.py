@@ -1,8 +1,7 @@
 """Issue 32, part 1, fair queuing: the waiting order of the least served client (the
 Virtual Token Counter), the scheduler's `served` hook that feeds it, the victim it
 brings, the client named by the engine and by the server, fcfs's tokens when there is
-one client, and each client's
-service on the dashboard and /metrics."""
+one client, and each client's service on the dashboard and /metrics."""
 
 import time
 
@@ -84,12 +83,10 @@ def test_the_least_served_client_goes_first_and_a_flood_does_not_hold_the_others
         "flood2",
         "flood3",
     ]
-    counters = (
-        fair.scheduler.order.counters
-    )  # prompt 1 per token, output 2 per decoded token
-    assert counters["alice"] >= 2 + 2 and counters["flood"] == 4 * (
-        3 + 2 * 5
-    )  # (the prefill samples the first)
+    # prompt 1 per token, output 2 per decoded token
+    counters = fair.scheduler.order.counters
+    # (the prefill samples the first)
+    assert counters["alice"] >= 2 + 2 and counters["flood"] == 4 * (3 + 2 * 5)
 
 
 def test_the_scheduler_tells_every_row_it_ran_to_an_order_that_listens(llm):
@@ -123,9 +120,8 @@ def test_the_scheduler_tells_every_row_it_ran_to_an_order_that_listens(llm):
         "prefill",
         "",
     ) in order.heard
-    assert (
-        policies.listener(policies.FCFS())(None, 1, "decode") is None
-    )  # an order without it: ignored
+    # an order without it: ignored
+    assert policies.listener(policies.FCFS())(None, 1, "decode") is None
 
 
 def test_a_returning_client_is_lifted_to_the_least_active_counter_victim_most_served():
@@ -136,9 +132,8 @@ def test_a_returning_client_is_lifted_to_the_least_active_counter_victim_most_se
         request("d0", "dave"),
     )
     for r in (flood, bob, old):
-        order.served(
-            r, 1, "prefill"
-        )  # each arrives in turn, and is lifted to those before it
+        # each arrives in turn, and is lifted to those before it
+        order.served(r, 1, "prefill")
     assert order.counters == {"flood": 1, "bob": 2, "dave": 2}
     order.counters.update(flood=100.0, bob=40.0, dave=5.0)
     old.status = Status.FINISHED  # dave leaves; he comes back later with a low counter
@@ -146,12 +141,12 @@ def test_a_returning_client_is_lifted_to_the_least_active_counter_victim_most_se
         order.pick([request("d1", "dave"), request("f1", "flood")], 0).request_id
         == "d1"
     )
-    assert (
-        order.counters["dave"] == 40
-    )  # lifted to bob's, the least active: not his own 5
+    # lifted to bob's, the least active: not his own 5
+    assert order.counters["dave"] == 40
+    # zed: 40, a tie: the first
     assert (
         order.pick([request("b1", "bob"), request("z0", "zed")], 0).request_id == "b1"
-    )  # zed: 40, a tie: the first
+    )
     assert order.counters["zed"] == 40
     assert MostServed(order).choose([bob, flood, request("b2", "bob")]) is flood
     with pytest.raises(ValueError, match="output_weight"):
@@ -165,9 +160,10 @@ def test_one_client_gets_the_same_greedy_tokens_as_fcfs(llm):
         for i in range(6)
     ]
 
+    # a small pool and 3 rows: requests wait, and some are preempted
     def tokens(
         policy,
-    ):  # a small pool and 3 rows: requests wait, and some are preempted
+    ):
         engine = llm.new_engine(
             num_blocks=10, block_size=4, max_num_seqs=3, scheduling_policy=policy
         )
@@ -231,10 +227,11 @@ def test_the_dashboard_and_metrics_show_each_clients_service(llm):
     counts the same.
     """
     engine = llm.new_engine(scheduling_policy="fair")
+    # key -> [prompt tokens, completion tokens] as the server's usage says
     sent = {
         "alice": [0, 0],
         "bob": [0, 0],
-    }  # key -> [prompt tokens, completion tokens] as the server's usage says
+    }
     asks = [
         ("alice", "one two three", 5, 1),
         ("bob", "one", 3, 2),
@@ -258,9 +255,8 @@ def test_the_dashboard_and_metrics_show_each_clients_service(llm):
             assert r.status_code == 200, r.text
             sent[key][0] += r.json()["usage"]["prompt_tokens"]
             sent[key][1] += r.json()["usage"]["completion_tokens"]
-        for _ in range(
-            100
-        ):  # the snapshot of the idle engine follows the last answer closely
+        # the snapshot of the idle engine follows the last answer closely
+        for _ in range(100):
             snapshot = httpx.get(f"{url}/dashboard/snapshot", timeout=10).json()
             if snapshot["counters"]["finished"] == len(asks) and not any(
                 snapshot["queues"].values()
@@ -268,13 +264,13 @@ def test_the_dashboard_and_metrics_show_each_clients_service(llm):
                 break
             time.sleep(0.05)
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    assert (
-        sent["alice"][1] == 5 + 4 and sent["bob"][1] == 3 * 2
-    )  # ignore_eos: every token asked for
+    # ignore_eos: every token asked for
+    assert sent["alice"][1] == 5 + 4 and sent["bob"][1] == 3 * 2
     rows = {row["name"]: row for row in snapshot["clients"]}
+    # no key on the page
     assert len(rows) == 2 and not any(key in name for name in rows for key in sent), (
         rows
-    )  # no key on the page
+    )
     by_key = {
         key: next(r for r in rows.values() if r["output_tokens"] == sent[key][1])
         for key in sent
@@ -296,6 +292,5 @@ def test_the_dashboard_and_metrics_show_each_clients_service(llm):
     assert {client_name(c): round(v, 1) for c, v in counters.items()} == {
         r["name"]: r["counter"] for r in rows.values()
     }
-    assert (
-        by_key["alice"]["counter"] > by_key["bob"]["counter"] > 0
-    )  # alice asked for more
+    # alice asked for more
+    assert by_key["alice"]["counter"] > by_key["bob"]["counter"] > 0

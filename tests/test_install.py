@@ -56,8 +56,7 @@ def machine(sys_platform: str, system: str, arch: str, os_name: str = "posix") -
 
 def manylinux(arch: str) -> list[str]:
     """Wheel tags a Linux with glibc 2.28 (Debian 10, Ubuntu 20.04, RHEL 8 on) takes:
-    pip
-    expands neither manylinux_2_28 nor manylinux2014 to the older tags by itself."""
+    pip expands neither manylinux_2_28 nor manylinux2014 to the older tags by itself."""
     tags = [f"manylinux_2_{minor}_{arch}" for minor in range(28, 16, -1)] + [
         f"manylinux2014_{arch}"
     ]
@@ -120,8 +119,7 @@ def left_out(
     report: dict, roots: list[Requirement], environment: dict
 ) -> list[Requirement]:
     """What the target needs that pip's resolution lacks: walk the dependencies from
-    `roots`
-    through the resolved packages' metadata, with the target's markers."""
+    `roots` through the resolved packages' metadata, with the target's markers."""
     return walk(report, roots, environment)[1]
 
 
@@ -199,8 +197,7 @@ def resolve(platform: str, folder: Path) -> dict[str, tuple[set[str], str]]:
     """Set name -> (the package names it installs on `platform`, or empty; pip's error).
     pip resolves the test set, which holds the runtime set; the runtime set is what its
     own requirements reach in that resolution (a resolution of the larger set is one of
-    the smaller:
-    half the runs, each mostly waiting on PyPI)."""
+    the smaller: half the runs, each mostly waiting on PyPI)."""
     tags, environment = PLATFORMS[platform]
     roots = {
         name: [r for r in requirement_set(extras) if applies(r, environment)]
@@ -280,6 +277,5 @@ def test_running_needs_no_test_tools_and_tests_get_nvrtc_where_it_exists(
     environment = PLATFORMS[platform][1]  # the markers agree with the NVRTC test's skip
     here = (environment["sys_platform"], environment["platform_machine"])
     assert (NVRTC <= tests) == (here in nvrtc.WHEELS)
-    assert (NVRTC <= tests) == (
-        not platform.startswith("macos")
-    )  # no macOS wheels exist
+    # no macOS wheels exist
+    assert (NVRTC <= tests) == (not platform.startswith("macos"))

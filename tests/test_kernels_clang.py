@@ -1,8 +1,7 @@
 """The CPU emulation builds with clang as well as g++ (a Mac has only Xcode's clang): a
 sample of tests/test_kernels_emulated.py, run again by a pytest of its own with
 CXX=clang++, against the same NumPy reference. Debian's clang 14 also takes the shim's
-path for compilers without
-_Float16 (an Intel Mac's older Xcode)."""
+path for compilers without _Float16 (an Intel Mac's older Xcode)."""
 
 import os
 import shutil
@@ -30,8 +29,7 @@ SAMPLE = [  # fp32 and fp16 (cases 5-7), every kind of kernel, the emulator's ow
 
 def clang() -> str:
     """clang++, or a skip that says why; as root (CI) a missing clang is a failure:
-    `make test`
-    installs Debian's clang there."""
+    `make test` installs Debian's clang there."""
     path = shutil.which("clang++")
     if path:
         return path

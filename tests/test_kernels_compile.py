@@ -1,7 +1,6 @@
 """The .cu files compile with NVRTC for sm_80 (A100) and sm_90 (H100, H200), on any
 Linux or Windows machine (NVIDIA ships no NVRTC for a Mac), and the compiler's report
-backs what the
-kernels' comments claim."""
+backs what the kernels' comments claim."""
 
 import multiprocessing
 import re
@@ -11,9 +10,8 @@ import pytest
 
 from minipaged.attention import kernels, nvrtc
 
-if (
-    nvrtc.nvrtc is None and not nvrtc.WHEELS_EXIST
-):  # where the wheels exist, missing ones fail
+# where the wheels exist, missing ones fail
+if nvrtc.nvrtc is None and not nvrtc.WHEELS_EXIST:
     pytest.skip(
         "needs the nvrtc extra (Linux/Windows only): " + nvrtc.INSTALL,
         allow_module_level=True,
@@ -42,9 +40,8 @@ def compiled():
         futures = {
             key: pool.submit(nvrtc.compile_cu, *job) for key, job in jobs.items()
         }
-        return {
-            key: future.result() for key, future in futures.items()
-        }  # raises with NVRTC's log
+        # raises with NVRTC's log
+        return {key: future.result() for key, future in futures.items()}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -68,8 +65,7 @@ def test_no_kernel_spills_registers(compiled, arch):
 
 def test_loads_are_16_bytes_wide_from_v2_on(compiled):
     """v1 reads K/V one element per instruction; v2 on (and prefill, of 16 int8 codes
-    too) with
-    16-byte vector loads."""
+    too) with 16-byte vector loads."""
     ptx = compiled["paged_attention", "sm_90"].ptx
     wide = {
         name: bool(re.search(r"ld\.global(\.nc)?\.v4\.", text))

@@ -3,8 +3,7 @@ the NumPy reference: every decode version, prefill, write_kv and copy_blocks, an
 an 8-bit cache (kv_cache_dtype "int8") write_kv_int8, paged_prefill_int8 and decode v7.
 
 Caches hold NaN in every slot no sequence owns and in a frame on either side, so a
-kernel that
-reads past a context or through a -1 entry of a block table fails here."""
+kernel that reads past a context or through a -1 entry of a block table fails here."""
 
 import numpy as np
 import pytest
@@ -184,16 +183,14 @@ def test_write_kv_int8_codes_as_the_reference_bit_for_bit(
     dtype, head_dim, num_kv_heads
 ):
     """Codes and scales equal reference.write_coded's exactly; -1 slots and slots not
-    written
-    keep what they held (NaN scales, code 99)."""
+    written keep what they held (NaN scales, code 99)."""
     rng = np.random.default_rng(head_dim + num_kv_heads)
     k, v = (rows_to_code(rng, 24, num_kv_heads, head_dim, dtype) for _ in range(2))
     shape = (7, 8, num_kv_heads, head_dim)
     slot_mapping = rng.permutation(7 * 8)[:24].astype(np.int32)
     slot_mapping[[5, 17]] = -1  # padding tokens
-    caches = [
-        [np.full(shape, 99, np.int8) for _ in range(2)] for _ in range(2)
-    ]  # one a side
+    # one a side
+    caches = [[np.full(shape, 99, np.int8) for _ in range(2)] for _ in range(2)]
     scales = [
         [np.full(shape[:3], np.nan, np.float16) for _ in range(2)] for _ in range(2)
     ]
@@ -243,9 +240,8 @@ def test_prefill_int8_matches_the_8bit_reference(case):
     out = emulated.prefill(*args, **scales, codec="int8" if case % 2 else None)
     assert_matches(out, reference.prefill(*args, **scales))
     full = reference.prefill(*batch.args(prefill=True))  # the codes are 8 bits:
-    assert (
-        0 < np.abs(out.astype(np.float32) - full.astype(np.float32)).max() < 0.05
-    )  # close, not equal
+    # close, not equal
+    assert 0 < np.abs(out.astype(np.float32) - full.astype(np.float32)).max() < 0.05
 
 
 @pytest.mark.parametrize("case", range(0, len(CASES), 2))
@@ -272,8 +268,7 @@ def test_decode_v7_matches_the_8bit_reference(case):
 
 def test_the_int8_kernels_chain_as_the_engine_runs_them():
     """write_kv_int8 codes a prompt, paged_prefill_int8 and v7 read those codes: the
-    same
-    outputs as the reference doing all three."""
+    same outputs as the reference doing all three."""
     rng = np.random.default_rng(7)
     batch = random_batch(
         rng,
@@ -325,8 +320,7 @@ def test_the_int8_kernels_drive_the_model_as_the_8bit_reference_does(tmp_path):
     """kv_cache_dtype "int8" through the emulated kernels (write_kv_int8,
     paged_prefill_int8, v7) and through the NumPy reference: the same bytes in the cache
     after a prefill and 5 decode steps (forked, with a copy-on-write), and the same
-    greedy tokens: the GPU's 8-bit path minus
-    the GPU."""
+    greedy tokens: the GPU's 8-bit path minus the GPU."""
     from checkpoints import write_checkpoint
 
     from minipaged.model import Model

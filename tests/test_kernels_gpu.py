@@ -6,10 +6,12 @@ Skipped without a CUDA device; scripts/gpu_check.sh runs them on a GPU machine."
 
 import numpy as np
 import pytest
+
+# the 8-bit cases of the CPU emulation
 from test_kernels_emulated import (
     coded_cache,
     rows_to_code,
-)  # the 8-bit cases of the CPU emulation
+)
 
 from minipaged.attention import kernels, reference
 from minipaged.attention.testing import assert_matches, edge_context_lens, random_batch

@@ -28,8 +28,7 @@ CODES = {"int8": np.int8, "fp8": np.uint8}
 
 def coded(rows: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
     """rows (tokens, kvh, hd) written one per slot into a fresh 8-bit cache of frames of
-    4:
-    (codes (frames, 4, kvh, hd), scales (frames, 4, kvh))."""
+    4: (codes (frames, 4, kvh, hd), scales (frames, 4, kvh))."""
     frames = -(-len(rows) // 4)
     cache = np.zeros((frames, 4, *rows.shape[1:]), dtype)
     scales = np.zeros((frames, 4, rows.shape[1]), np.float16)
@@ -55,9 +54,8 @@ def test_int8_round_trip_is_within_half_a_step_of_each_rows_scale():
     largest = np.abs(rows).max(axis=-1, keepdims=True)
     # half a step, plus what a scale rounded down to float16 clips off the largest value
     assert (error <= step / 2 + largest * 2**-10).all()
-    assert (
-        np.abs(cache.reshape(-1, 3, 64)[:37]).max(axis=-1) == 127
-    ).all()  # each row uses the full range
+    # each row uses the full range
+    assert (np.abs(cache.reshape(-1, 3, 64)[:37]).max(axis=-1) == 127).all()
     assert error.max() > 0  # it is really 8 bits
 
 
@@ -90,8 +88,7 @@ def test_fp8_codes_are_e4m3_and_round_to_the_nearest_value():
 
 def test_a_rows_codes_do_not_depend_on_how_its_frame_was_written():
     """One write or token by token, in any order: the same bytes (why preemption and
-    chunking
-    cannot change an 8-bit run's tokens)."""
+    chunking cannot change an 8-bit run's tokens)."""
     rng = np.random.default_rng(2)
     rows = rng.standard_normal((12, 2, 64)).astype(np.float32)
     at_once = coded(rows, np.int8)
@@ -122,8 +119,7 @@ def coded_case(
     lens=(37, 70, 1, 16),
 ):
     """A random paged batch and the same K/V in an 8-bit cache; every slot no sequence
-    owns has
-    a NaN scale, so reading one shows."""
+    owns has a NaN scale, so reading one shows."""
     batch = random_batch(
         rng,
         list(lens),
@@ -163,9 +159,8 @@ def test_8bit_attention_stays_near_full_precision(code):
     )
     assert np.isfinite(eight).all()
     assert 0 < np.abs(eight - full).max() < (0.02 if code == "int8" else 0.1)
-    query_start = np.arange(
-        len(batch.context_lens) + 1, dtype=np.int32
-    )  # prefill of the last token
+    # prefill of the last token
+    query_start = np.arange(len(batch.context_lens) + 1, dtype=np.int32)
     pre = reference.prefill(
         batch.q,
         *caches,
@@ -246,9 +241,8 @@ def test_the_same_bytes_hold_about_4x_the_frames_of_float32_and_2x_of_float16():
         3.85 < frames["int8"] / frames["float32"] < 4
         and 1.9 < frames["int8"] / frames["float16"] < 2
     )
-    assert (
-        bytes_per_frame(*smol, "int8") == 2 * 30 * 16 * 3 * 64 + 2 * 30 * 16 * 3 * 2
-    )  # codes + fp16 scales
+    # codes + fp16 scales
+    assert bytes_per_frame(*smol, "int8") == 2 * 30 * 16 * 3 * 64 + 2 * 30 * 16 * 3 * 2
 
 
 def test_the_engine_sizes_its_pool_by_the_bytes_of_its_kv_cache_dtype(llm):
@@ -300,9 +294,8 @@ def test_kvcache_moves_copy_the_scales_with_their_frames():
     )
     for dst, src in ((3, 0), (5, 4)):  # swapped out and back in; copy-on-write
         assert all((a == b).all() for a, b in zip(frame(dst), before[src]))
-    kv.apply(
-        MemoryMoves(tier=[("load", 0, 2)]), reference.copy_blocks
-    )  # the tier's frame comes back
+    # the tier's frame comes back
+    kv.apply(MemoryMoves(tier=[("load", 0, 2)]), reference.copy_blocks)
     assert all((a == b).all() for a, b in zip(frame(2), before[1]))
 
 
@@ -413,8 +406,7 @@ def test_an_8bit_run_under_pressure_equals_the_same_run_with_ample_memory(
 
 class Coarse(codecs.Int8):
     """int8 with 15 levels a side (about 5 bits): a codec that is not the built-in one,
-    so its
-    codes show where the engine used it."""
+    so its codes show where the engine used it."""
 
     name = "coarse"
 
@@ -440,10 +432,11 @@ def test_an_int8_codec_object_serves_the_same_tokens_as_the_name(llm):
         engine.kv.scales_of(0)["codec"] is engine.kv.codec
         and engine.kv.codec.name == "int8"
     )
+    # by its dtype
     assert (
         llm.new_engine(num_blocks=8, kv_cache_dtype="int8").kv.scales_of(0)["codec"]
         is None
-    )  # by its dtype
+    )
 
 
 def test_the_engine_codes_with_the_codec_it_was_given(llm):
@@ -509,9 +502,8 @@ def test_a_bad_kv_cache_dtype_names_the_allowed_values(llm):
 def test_an_8bit_cache_on_a_gpu_is_refused_with_a_reason(monkeypatch):
     from minipaged.paging import kv_cache
 
-    monkeypatch.setattr(
-        kv_cache, "resolve_device", lambda device: device
-    )  # a GPU, as far as it knows
+    # a GPU, as far as it knows
+    monkeypatch.setattr(kv_cache, "resolve_device", lambda device: device)
     monkeypatch.setattr(kv_cache, "get_xp", lambda device: np)
     with pytest.raises(ValueError, match="runs on the CPU for now"):
         KVCache(1, 2, 1, 64, dtype="int8", device="cuda")

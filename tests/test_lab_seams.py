@@ -1,7 +1,6 @@
 """Labs 8 and 9, beyond the generic lab tests: the payoff workload really thrashes under
 greedy admission, each run refuses a participant's piece that decides differently from
-the engine's
-(in one sentence), and the plugged pieces are unplugged after the run."""
+the engine's (in one sentence), and the plugged pieces are unplugged after the run."""
 
 from types import SimpleNamespace
 
@@ -29,9 +28,8 @@ def test_the_burst_thrashes_under_greedy_admission_and_not_under_the_working_set
         ]
     )
     whole = working_set_lab.serve_burst(WorkingSet(32), **working_set_lab.BURST)
-    assert (
-        greedy >= 9 and window16 <= greedy // 3
-    )  # the property's bound holds with room
+    # the property's bound holds with room
+    assert greedy >= 9 and window16 <= greedy // 3
     assert sum(whole["preempted"]) == 0 and not whole["short"]
 
 

@@ -24,9 +24,8 @@ from minipaged.tools.lab.labs import LABS
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CASES = (
-    ROOT / "tests" / "lab_cases"
-)  # per lab: WRITTEN (a file from the hints), MISTAKES, BREAK_AT
+# per lab: WRITTEN (a file from the hints), MISTAKES, BREAK_AT
+CASES = ROOT / "tests" / "lab_cases"
 
 
 def cases(lab: int):
@@ -73,9 +72,8 @@ def test_the_starter_as_shipped_fails_in_plain_sentences(lab, tmp_path):
     assert "Traceback" not in done.stdout + done.stderr
     first = LABS[lab].properties[0].sentence
     assert f"  FAIL  {first}\n" in done.stdout
-    if not LABS[lab].starter.endswith(
-        ".cu"
-    ):  # a .py starter raises NotImplementedError, pointing at the hints
+    # a .py starter raises NotImplementedError, pointing at the hints
+    if not LABS[lab].starter.endswith(".cu"):
         assert re.search(
             rf"not written yet: lab {lab}: write \S+ \(stuck\? python -m minipaged\.lab"
             rf" hint {lab}\)",
@@ -118,9 +116,8 @@ def test_the_solution_and_a_file_written_from_the_hints_pass_and_serve_the_model
         ]
         assert [(r, kind, int(n)) for r, kind, n in runs] == expected
         assert "frame map: 24 frames" in done.stdout
-        assert re.search(r"^A = r0 \(\d+ frames?\)", done.stdout, re.M), (
-            done.stdout
-        )  # named as the lines above
+        # named as the lines above
+        assert re.search(r"^A = r0 \(\d+ frames?\)", done.stdout, re.M), done.stdout
 
 
 # loads SmolLM2 (about 8 s): the real model through a participant's fork
@@ -133,9 +130,8 @@ def test_a_written_lab_serves_the_real_model(tmp_path):
         and "r1 n=2 sampled same 24 tokens" in done.stdout
     )
     copies = int(re.search(r"(\d+) copy-on-writes?\b", done.stdout).group(1))
-    assert (
-        copies >= 1
-    )  # the two samples shared the prompt's last frame, and one of them copied it
+    # the two samples shared the prompt's last frame, and one of them copied it
+    assert copies >= 1
 
 
 @pytest.mark.parametrize(
@@ -146,9 +142,8 @@ def test_a_wrong_implementation_is_caught_by_the_property_it_breaks(
 ):
     done = check(lab, written(tmp_path, lab, old, new), "--no-engine")
     assert done.returncode == 1, done.stdout
-    assert (
-        f"  FAIL  {sentence}\n        on " in done.stdout
-    )  # the sentence, then the small input
+    # the sentence, then the small input
+    assert f"  FAIL  {sentence}\n        on " in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
 
 
@@ -209,10 +204,11 @@ def test_the_starters_keep_the_engines_signatures():
                 ]
             )
             assert pairs
+            # annotations too: the starter is the engine's text, bodies out
             for (
                 theirs,
                 real,
-            ) in pairs:  # annotations too: the starter is the engine's text, bodies out
+            ) in pairs:
                 assert str(inspect.signature(theirs)) == str(inspect.signature(real)), (
                     lab.starter,
                     real,
@@ -419,9 +415,8 @@ def test_an_endless_loop_is_stopped_and_named(tmp_path):
         == "random workloads run to the end: every sequence gets its tokens, no frame"
         " is lost"
     )
-    assert [v.holds for v in verdicts].count(
-        False
-    ) == 1  # the small cases never preempt a request itself
+    # the small cases never preempt a request itself
+    assert [v.holds for v in verdicts].count(False) == 1
     assert stuck.failure.startswith(
         "on random workloads of 2 to 6 requests on 12 frames of 4 slots (seeded)\n"
     )
@@ -506,10 +501,11 @@ def test_every_lab_command_the_readmes_quote_parses_as_typed():
         and any(q.startswith("make lab ") for q in labs)
     )
     for command in labs:
+        # placeholders
         words = [
             {"N": "1", "K": "2", "DIR": "pictures"}.get(w, w)
             for w in shlex.split(command)
-        ]  # placeholders
+        ]
         if words[0] == "make":
             assert (
                 subprocess.run(

@@ -57,9 +57,8 @@ def test_on_a_virtual_clock_the_engine_is_what_the_simulator_predicts(folder):
         for p in points:
             assert p["relative_error"] == pytest.approx(0, abs=1e-9), (name, p)
         latency = [p["normalized_latency"] for p in points]
-        assert (
-            latency == sorted(latency) and latency[-1] > latency[0]
-        )  # more load, slower
+        # more load, slower
+        assert latency == sorted(latency) and latency[-1] > latency[0]
     for paged, static in zip(systems["paged"], systems["static"]):
         assert static["normalized_latency"] > paged["normalized_latency"]
         # below saturation a short request waits for the longest of its static
@@ -120,9 +119,8 @@ def test_each_point_is_predicted_from_steps_timed_at_the_other_rates():
     }
     for p in systems["paged"]:
         assert p["predicted"] == pytest.approx(expected[p["rate"]], rel=1e-6)
-    assert (
-        fit["steps"] == 2 * len(shapes) and fit["fit_error_p50"] > 0.05
-    )  # one line cannot fit both
+    # one line cannot fit both
+    assert fit["steps"] == 2 * len(shapes) and fit["fit_error_p50"] > 0.05
 
 
 def test_latency_json_on_this_machines_clock(folder, capsys):

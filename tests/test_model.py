@@ -257,9 +257,8 @@ def test_hub_id_resolves_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(
         huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub")
     )
-    monkeypatch.setattr(
-        huggingface_hub.constants, "HF_HUB_OFFLINE", True
-    )  # never the network
+    # never the network
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     assert resolve_model("acme/tiny-llama") == snapshot
     with pytest.raises(
         FileNotFoundError,
@@ -269,6 +268,5 @@ def test_hub_id_resolves_from_the_local_hub_cache(tiny, tmp_path, monkeypatch):
         ),
     ) as caught:
         resolve_model("acme/not-here")
-    assert (
-        caught.value.__cause__ is None and caught.value.__suppress_context__
-    )  # one message, no chain
+    # one message, no chain
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__

@@ -53,8 +53,7 @@ def test_cupy_greedy_fp32_equals_numpy(folder):
 
 def test_engine_on_cupy_equals_numpy(folder):
     """The whole engine on the GPU (paged CUDA kernels, continuous batching) in fp32
-    gives the
-    CPU's greedy tokens, for prompts of different lengths decoded together."""
+    gives the CPU's greedy tokens, for prompts of different lengths decoded together."""
     from minipaged import LLM, SamplingParams
 
     rng = np.random.default_rng(1)

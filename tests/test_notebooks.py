@@ -172,8 +172,7 @@ def test_every_notebook_is_a_python_file_paired_with_its_ipynb():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_python_file_and_notebook_have_the_same_cells(path):
     """Edit either one (JupyterLab with jupytext saves both); `jupytext --sync` brings
-    the other
-    up to date from the one changed last."""
+    the other up to date from the one changed last."""
     script = path.with_suffix(".py")
     in_script = [(c.cell_type, c.source) for c in jupytext.read(script).cells]
     in_notebook = [(c.cell_type, c.source) for c in read(path).cells]
@@ -249,9 +248,8 @@ def test_ends_with_exercises_whose_solutions_are_folded(path):
         "one '## Exercises' section, at the end (before a notebook's lab)"
     )
     tail = cells[heading[0] + 1 :]
-    if tail and tail[-1].source.startswith(
-        "## Lab"
-    ):  # the lab that follows the exercises
+    # the lab that follows the exercises
+    if tail and tail[-1].source.startswith("## Lab"):
         tail = tail[:-1]
     assert len(tail) in (4, 6), "two or three exercises, each followed by its solution"
     for n, (question, solution) in enumerate(zip(tail[::2], tail[1::2]), start=1):
@@ -295,8 +293,7 @@ LABS_OF = {
 
 def test_each_lab_closes_the_notebook_it_builds_on():
     """The notebook ends with a '## Lab' cell that quotes the lab's starter and check
-    command;
-    every lab of minipaged.lab has its notebook."""
+    command; every lab of minipaged.lab has its notebook."""
     from minipaged.tools.lab.labs import LABS
 
     assert sorted(n for labs in LABS_OF.values() for n in labs) == sorted(LABS)
@@ -356,16 +353,14 @@ def test_html_export_keeps_the_solutions_folded(path):
     for n, code in enumerate(solutions(nb), start=1):
         assert words(code) in folded, f"solution {n} is not inside a <details> element"
         assert words(code) not in shown, f"solution {n} is shown expanded"
-    assert (
-        words(nb.cells[0].source.splitlines()[0].lstrip("# ")) in shown
-    )  # the rest is shown
+    # the rest is shown
+    assert words(nb.cells[0].source.splitlines()[0].lstrip("# ")) in shown
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_prose_types_no_measured_number(path):
     """Percentages and decimals in markdown are the paper's; minipaged's numbers come
-    from cells.
-    (A folded solution's code may hold any number: it is code.)"""
+    from cells. (A folded solution's code may hold any number: it is code.)"""
     for i, cell in enumerate(read(path).cells):
         if cell.cell_type == "markdown":
             prose = re.sub(r"```.*?```", "", cell.source, flags=re.S)

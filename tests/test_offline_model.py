@@ -70,8 +70,7 @@ def test_two_conversions_at_once_keep_the_first_whole_folder(tmp_path):
     broken = tmp_path / "model.partial-3"
     broken.mkdir()
     (broken / "x").write_bytes(b"")
-    (folder / "model.safetensors").rename(
-        folder / "leftover"
-    )  # what is there is no finished conversion
+    # what is there is no finished conversion
+    (folder / "model.safetensors").rename(folder / "leftover")
     with pytest.raises(OSError):
         publish(broken, folder)

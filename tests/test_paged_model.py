@@ -52,9 +52,8 @@ def paged_greedy(
     new = [p[h:] for p, h in zip(prompts, hits)]
     logits = runner.run(inputs(manager, range(len(prompts)), new))
     outs = {i: [int(row.argmax())] for i, row in enumerate(logits)}
-    for child, parent in (
-        forks or {}
-    ).items():  # parallel "samples" share the prompt's frames
+    # parallel "samples" share the prompt's frames
+    for child, parent in (forks or {}).items():
         manager.fork(parent, child)
         outs[child] = list(outs[parent])
     ids, copies_seen = sorted(outs), 0
@@ -130,9 +129,8 @@ def test_real_model_paged_equals_transformers(smollm2):
     )
     for i, case in enumerate(cases):
         expected = case["output_token_ids"][:20]
-        assert (
-            outs[i][: len(expected)] == expected
-        )  # (the oracle stops at eos; we don't)
+        # (the oracle stops at eos; we don't)
+        assert outs[i][: len(expected)] == expected
 
 
 def test_the_cuda_kernels_code_drives_the_model_through_the_emulator(tmp_path):

@@ -1,6 +1,5 @@
 """Paging, one idea at a time: frames, demand paging, fork + copy-on-write, the prefix
-cache,
-swap, KV storage, the static baseline, accounting and the memory benchmark."""
+cache, swap, KV storage, the static baseline, accounting and the memory benchmark."""
 
 import json
 
@@ -55,9 +54,8 @@ def test_ref_counts_and_double_free():
     frame = allocator.allocate()
     allocator.incref(frame)
     allocator.free(frame)
-    assert (
-        allocator.ref_count(frame) == 1 and allocator.num_free == 1
-    )  # still mapped once
+    # still mapped once
+    assert allocator.ref_count(frame) == 1 and allocator.num_free == 1
     allocator.free(frame)
     assert allocator.num_free == 2
     with pytest.raises(ValueError, match="double free of frame 0"):
@@ -90,9 +88,8 @@ def test_step_inputs_pad_block_tables_and_map_new_tokens_to_slots():
     manager = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
     manager.allocate("a", range(6))  # frames 0, 1
     manager.allocate("b", range(3))  # frame 2
-    manager.allocate(
-        "c", range(2)
-    )  # frame 3: a padding row, computed but written nowhere
+    # frame 3: a padding row, computed but written nowhere
+    manager.allocate("c", range(2))
     step = step_inputs(
         manager,
         ["a", "b", "c"],
@@ -158,9 +155,8 @@ def test_forking_4_samples_of_a_500_token_prompt_copies_only_the_partial_block()
     assert manager.num_free_frames == 200 - 32 - 3 - 4  # one new frame per sample
     usage = manager.usage()
     assert usage.shared_frames == 31
-    assert usage.token_slots == 31 * 16 + 4 * (
-        16 + 1
-    )  # shared prompt blocks counted once
+    # shared prompt blocks counted once
+    assert usage.token_slots == 31 * 16 + 4 * (16 + 1)
 
 
 # ---- prefix cache --------------------------------------------------------------------
@@ -169,13 +165,11 @@ def test_forking_4_samples_of_a_500_token_prompt_copies_only_the_partial_block()
 def test_a_request_reuses_the_frames_of_its_longest_cached_prefix():
     manager = BlockManager(num_blocks=16, block_size=4)
     assert manager.allocate("a", range(10)) == 0
-    assert (
-        manager.allocate("b", [*range(8), 99, 98, 97]) == 8
-    )  # two full blocks in common
+    # two full blocks in common
+    assert manager.allocate("b", [*range(8), 99, 98, 97]) == 8
     assert manager.block_table("b")[:2] == manager.block_table("a")[:2]
-    assert (
-        manager.allocate("c", [5, *range(1, 10)]) == 0
-    )  # first block differs: the chain breaks
+    # first block differs: the chain breaks
+    assert manager.allocate("c", [5, *range(1, 10)]) == 0
     assert manager.allocate("d", range(12)) == 8  # block 2 of "a" was never full
     assert manager.device.ref_count(manager.block_table("a")[0]) == 3
 
@@ -183,9 +177,8 @@ def test_a_request_reuses_the_frames_of_its_longest_cached_prefix():
 def test_a_fully_cached_prompt_still_computes_its_last_token():
     manager = BlockManager(num_blocks=16, block_size=4)
     manager.allocate("a", range(8))
-    assert (
-        manager.allocate("b", range(8)) == 4
-    )  # not 8: the model needs the last token's logits
+    # not 8: the model needs the last token's logits
+    assert manager.allocate("b", range(8)) == 4
     assert manager.block_table("b")[0] == manager.block_table("a")[0]
     assert manager.block_table("b")[1] != manager.block_table("a")[1]
 
@@ -217,9 +210,8 @@ def test_eviction_takes_the_least_recently_used_cached_frame_first():
 
 
 def test_hash_collisions_are_misses_because_token_ids_are_compared(monkeypatch):
-    monkeypatch.setattr(
-        prefix_cache_module, "block_hash", lambda prev, tokens: 42
-    )  # every block collides
+    # every block collides
+    monkeypatch.setattr(prefix_cache_module, "block_hash", lambda prev, tokens: 42)
     cache = PrefixCache()
     cache.insert(frame=3, prev_hash=None, token_ids=[1, 2])
     assert cache.lookup(None, [1, 2]) == 3
@@ -266,9 +258,8 @@ def test_swap_out_and_in_moves_frames_and_their_contents():
     manager.allocate("a", range(6))
     manager.fork("a", "b")
     kv.data[:] = np.random.default_rng(0).standard_normal(kv.data.shape)
-    before = kv.data[
-        :, :, manager.block_table("a")
-    ].copy()  # (2, layers, 2, block, heads, dim)
+    # (2, layers, 2, block, heads, dim)
+    before = kv.data[:, :, manager.block_table("a")].copy()
     pairs = manager.swap_out("a", "b")
     assert len(pairs) == 2  # shared frames move once
     kv.swap_out(pairs)
@@ -312,13 +303,11 @@ def test_kv_cache_shapes_writes_and_copy_on_write_pairs():
     )
     assert kv.k.shape == kv.v.shape == (3, 5, 4, 2, 4) and kv.dtype == np.float32
     k = np.arange(16, dtype=np.float32).reshape(2, 2, 4)  # (tokens, kv_heads, head_dim)
-    reference.write_kv(
-        k, -k, kv.k[1], kv.v[1], np.array([5, 6])
-    )  # slots 5, 6: frame 1, offsets 1, 2
+    # slots 5, 6: frame 1, offsets 1, 2
+    reference.write_kv(k, -k, kv.k[1], kv.v[1], np.array([5, 6]))
     np.testing.assert_array_equal(kv.k[1, 1, 1:3], k)
-    kv.apply(
-        MemoryMoves(copies=[(1, 3), (3, 4)]), reference.copy_blocks
-    )  # sources read before any write
+    # sources read before any write
+    kv.apply(MemoryMoves(copies=[(1, 3), (3, 4)]), reference.copy_blocks)
     np.testing.assert_array_equal(kv.v[1, 3], kv.v[1, 1])
     assert not kv.data[:, :, 4].any()
     assert not kv.k[0].any() and not kv.k[2].any()
@@ -483,9 +472,8 @@ def test_a_freed_full_block_stays_cached_only_with_prefix_caching():
             all(s.free != s.cached for s in manager.frame_states())
             and manager.seq_ids() == []
         )
-    manager.allocate(
-        "c", [0, 1, 2, 3, 99]
-    )  # (caching on) a hit on frame 0 takes it out of the cache
+    # (caching on) a hit on frame 0 takes it out of the cache
+    manager.allocate("c", [0, 1, 2, 3, 99])
     assert owners_by_frame(manager)[:2] == [
         (0, ["c"], False, False),
         (1, [], True, False),
@@ -507,9 +495,8 @@ def test_a_swapped_out_table_lists_host_frames_and_their_ref_counts():
     manager.swap_out("a", "b")
     view = manager.table_view("a")
     assert view.swapped and view.ref_counts == [2, 2] and view.num_tokens == 6
-    assert (
-        view.frames == manager.table_view("b").frames
-    )  # host frames, shared there too
+    # host frames, shared there too
+    assert view.frames == manager.table_view("b").frames
     assert all(
         s.owners == [] for s in manager.frame_states()
     ) and manager.seq_ids() == ["a", "b"]
@@ -524,15 +511,13 @@ def test_the_baselines_views_show_their_reservations():
     contiguous = ContiguousBlockManager(
         num_blocks=8, block_size=1, reservation="oracle"
     )
-    contiguous.allocate(
-        "a", [5, 6, 7], final_len=6
-    )  # a chunk of frames 0-5, three of them written
+    # a chunk of frames 0-5, three of them written
+    contiguous.allocate("a", [5, 6, 7], final_len=6)
     assert [(s.owners, s.reserved) for s in contiguous.frame_states()] == [
         (["a"], False)
     ] * 3 + [([], True)] * 3 + [([], False)] * 2
-    assert (
-        contiguous.held_frame_states() == contiguous.frame_states()[:6]
-    )  # the chunk; 6 and 7 free
+    # the chunk; 6 and 7 free
+    assert contiguous.held_frame_states() == contiguous.frame_states()[:6]
     assert contiguous.table_view("a").frames == [0, 1, 2] and contiguous.table_view(
         "a"
     ).ref_counts == [1, 1, 1]

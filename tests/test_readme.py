@@ -35,8 +35,7 @@ DOCUMENTS = [
 
 def quoted_commands(text: str) -> list[str]:
     """Command lines of a Markdown text: the lines of ```sh blocks (comments cut) and
-    inline
-    code spans that start like a command a reader would type."""
+    inline code spans that start like a command a reader would type."""
     lines = []
     for block in re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M):
         lines += [line.split("  #")[0].strip() for line in block.splitlines()]

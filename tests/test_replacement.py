@@ -86,8 +86,7 @@ def test_a_bad_policy_name_says_which_there_are(tiny):
 
 def test_min_matches_the_textbook_on_the_anomaly_string():
     """Belady, Nelson and Shedler's string: FIFO faults more with 4 frames than with 3;
-    LRU and
-    MIN (stack algorithms) fault less; MIN's 7 and 6 are the textbook's OPT."""
+    LRU and MIN (stack algorithms) fault less; MIN's 7 and 6 are the textbook's OPT."""
     faults = {
         p: [rp.classic_faults(rp.CLASSIC_ANOMALY, p, k) for k in (3, 4)]
         for p in ("fifo", "lru", "min")
@@ -109,9 +108,8 @@ def test_min_equals_the_brute_force_on_reference_strings():
             wins += best > max(
                 rp.replay(trace, cached + 1, 2, p, 1).hits for p in REPLACEMENT_POLICIES
             )
-    assert (
-        wins >= 10
-    )  # the search is worth something: often no online policy reaches the optimum
+    # the search is worth something: often no online policy reaches the optimum
+    assert wins >= 10
 
 
 # (seed, requests in memory at once, frames) of small chat traces whose scripts are few
@@ -152,9 +150,8 @@ def test_min_equals_the_brute_force_on_small_chat_traces():
             frames,
         )
         wins += best > rp.replay(trace, frames, 4, "lru", concurrency).hits
-    assert (
-        wins >= 4
-    )  # multi-block prefixes shared across turns: LRU is not optimal there either
+    # multi-block prefixes shared across turns: LRU is not optimal there either
+    assert wins >= 4
 
 
 def test_the_brute_force_refuses_a_trace_too_big_to_walk():
@@ -181,24 +178,20 @@ def test_no_policy_beats_min_at_any_pool_size():
         for name, curve in curves.items():
             assert curve["hits"][i] <= curves["min"]["hits"][i], (name, frames)
             assert curve["saved_tokens"][i] == 8 * curve["hits"][i]
-    assert (
-        curves["min"]["hits"][0] > curves["lru"]["hits"][0]
-    )  # at the floor, the future is worth frames
-    assert (
-        len({curve["hits"][-1] for curve in curves.values()}) == 1
-    )  # nothing evicted: all the same
-    assert all(
-        a <= b for a, b in zip(curves["min"]["hits"], curves["min"]["hits"][1:])
-    )  # more frames never cost MIN a hit
+    # at the floor, the future is worth frames
+    assert curves["min"]["hits"][0] > curves["lru"]["hits"][0]
+    # nothing evicted: all the same
+    assert len({curve["hits"][-1] for curve in curves.values()}) == 1
+    # more frames never cost MIN a hit
+    assert all(a <= b for a, b in zip(curves["min"]["hits"], curves["min"]["hits"][1:]))
 
 
 def test_the_no_eviction_pool_is_the_smallest_where_nothing_is_evicted():
     trace = rp.small_chat_trace(3)
     top = rp.no_eviction_pool(trace, 4, 2)
     for frames, evicted in ((top, False), (top - 1, True)):
-        counter = rp.Scripted(
-            [], [set()] * len(trace)
-        )  # always the first candidate; counts its decisions
+        # always the first candidate; counts its decisions
+        counter = rp.Scripted([], [set()] * len(trace))
         rp.replay(trace, frames, 4, counter, 2)
         assert bool(counter.made) == evicted, frames
     best = rp.replay(trace, top, 4, "min", 2).hits
@@ -222,9 +215,8 @@ def test_fifo_shows_beladys_anomaly_on_chat_traces_and_lru_and_min_do_not():
         example["hits_with_one_more"],
         example["hits"],
     ) and more < fewer
-    assert (
-        rp.anomalies("lru", 12) == [] and rp.anomalies("min", 12) == []
-    )  # stack algorithms: never
+    # stack algorithms: never
+    assert rp.anomalies("lru", 12) == [] and rp.anomalies("min", 12) == []
 
 
 # ---- the real engine: same tokens under every policy, different hits -----------------

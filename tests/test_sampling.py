@@ -62,9 +62,8 @@ def test_temperature_sharpens():
 
 
 def test_flat_distribution_with_top_p_falls_back_to_a_full_sort():
-    logits = np.zeros(
-        5000, dtype=np.float32
-    )  # top-p 0.5 needs 2500 tokens: more than the head
+    # top-p 0.5 needs 2500 tokens: more than the head
+    logits = np.zeros(5000, dtype=np.float32)
     gen = np.random.default_rng(0)
     draws = [
         sample_row(logits, SamplingParams(temperature=1.0, top_p=0.5), gen)
@@ -83,6 +82,5 @@ def test_seeded_generators_repeat_by_position():
         and make_generator(p, 1).at(8).random() != a[0]
     )
     unseeded = make_generator(SamplingParams(temperature=1.0), 1)
-    assert (
-        unseeded.at(7).random() != unseeded.at(7).random()
-    )  # one fresh stream, drawn twice
+    # one fresh stream, drawn twice
+    assert unseeded.at(7).random() != unseeded.at(7).random()

@@ -265,9 +265,8 @@ def test_min_tokens_delays_stop_strings(llm):
     i, word = next(
         (i, w) for i, t in enumerate(base.token_ids) if (w := llm.tokenizer.decode([t]))
     )
-    assert i + 2 < len(
-        base.token_ids
-    )  # the first token with text, early enough in the answer
+    # the first token with text, early enough in the answer
+    assert i + 2 < len(base.token_ids)
     early = generate(llm, PROMPT, SamplingParams(**GREEDY, stop=[word])).outputs[0]
     late = generate(
         llm, PROMPT, SamplingParams(**GREEDY, stop=[word], min_tokens=i + 2)
@@ -298,8 +297,7 @@ def check_logprobs(out, num: int):
 
 def test_logprobs_are_the_models_own_distribution(llm):
     """vLLM's default logprobs_mode, raw_logprobs: log softmax of the model's logits,
-    before
-    temperature, penalties and the rest; greedy and sampled tokens alike."""
+    before temperature, penalties and the rest; greedy and sampled tokens alike."""
     for params in (
         SamplingParams(**GREEDY, logprobs=3),
         SamplingParams(
@@ -373,9 +371,8 @@ def test_prompt_logprobs_equal_a_teacher_forced_forward(llm, engine_options):
     params = SamplingParams(**GREEDY, prompt_logprobs=2)
     want = log_softmax(teacher_forced_logits(llm.model, prompt))
     engine = llm.new_engine(**({"num_blocks": 128, "block_size": 4} | engine_options))
-    for i in range(
-        2
-    ):  # the second finds the first's blocks in the prefix cache, and must not use them
+    # the second finds the first's blocks in the prefix cache, and must not use them
+    for i in range(2):
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
         while engine.has_unfinished_requests():
             outs = engine.step().finished
@@ -412,9 +409,8 @@ def test_speculation_leaves_adjusted_requests_to_the_sampler(llm):
         == plain.outputs[0].token_ids
         == reference_greedy(llm.model, PROMPT, p)
     )
-    greedy = SamplingParams(
-        **GREEDY, logprobs=2
-    )  # speculated (no control): the logprobs of each emitted token
+    # speculated (no control): the logprobs of each emitted token
+    greedy = SamplingParams(**GREEDY, logprobs=2)
     a, b = (
         generate(llm, PROMPT, greedy),
         generate(llm, PROMPT, greedy, speculative_config=ngram),

@@ -100,9 +100,8 @@ def test_equivalence_with_prefix_caching_and_shared_prefixes(folder):
     llm = make_llm(folder, num_blocks=40, block_size=8, max_num_seqs=8)
     prompts, max_tokens = workload(50, seed=2, shared_prefix=20)
     outputs, reports = run(llm, prompts, max_tokens)
-    assert (
-        sum(r.cached_tokens for r in reports) >= 40 * 16
-    )  # most requests reuse 2 blocks
+    # most requests reuse 2 blocks
+    assert sum(r.cached_tokens for r in reports) >= 40 * 16
     assert sum(1 for r in reports if r.preempted) > 0
     for i, prompt in enumerate(prompts):
         assert outputs[str(i)].outputs[0].token_ids == greedy_generate(
@@ -152,9 +151,8 @@ def test_continuous_batching_lets_new_requests_join_at_once(folder):
     joined = [
         r.step for r in reports if any(kind == "prefill" for _, _, kind, _ in r.ran)
     ]
-    assert (
-        joined[0] == 0 and joined[1] <= 3
-    )  # requests 4 and 5 join as soon as seats free up
+    # requests 4 and 5 join as soon as seats free up
+    assert joined[0] == 0 and joined[1] <= 3
     assert all(len(r.ran) <= 4 for r in reports)
 
 
@@ -228,9 +226,8 @@ def test_beam_search_scores_are_the_models_log_probabilities(folder):
     )[0]
     assert len(out.outputs) == 4 and len({tuple(c.token_ids) for c in out.outputs}) == 4
     model = llm.model
-    for (
-        completion
-    ) in out.outputs:  # recompute each beam's log probability with the oracle
+    # recompute each beam's log probability with the oracle
+    for completion in out.outputs:
         expected = sum(logp_of(model, prompt, completion.token_ids))
         assert completion.cumulative_logprob == pytest.approx(expected, abs=1e-3)
     scores = [c.cumulative_logprob / len(c.token_ids) for c in out.outputs]

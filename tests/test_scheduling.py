@@ -38,8 +38,7 @@ def make_request(i: int, prompt_len: int, max_tokens: int) -> Request:
 
 class Run:
     """A scheduler over a BlockManager, stepped with a dummy token per sampler. Records,
-    per
-    request id, the step it arrived at and the step it was first admitted at."""
+    per request id, the step it arrived at and the step it was first admitted at."""
 
     def __init__(self, num_blocks=256, block_size=4, **config):
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
@@ -48,9 +47,8 @@ class Run:
             self.blocks,
         )
         self.arrived, self.admitted, self.preempted, self.batches = {}, {}, [], []
-        self.readmitted: dict[
-            str, int
-        ] = {}  # request id -> the step it came back after a recompute
+        # request id -> the step it came back after a recompute
+        self.readmitted: dict[str, int] = {}
 
     def add(self, request: Request, priority: int = 0) -> Request:
         self.arrived[request.request_id] = self.scheduler.steps
@@ -133,9 +131,8 @@ def test_priority_preempts_the_least_urgent_request_not_the_newest():
     victims = {}
     for policy in ("fcfs", "priority"):
         run = Run(num_blocks=4, block_size=4, max_num_seqs=4, scheduling_policy=policy)
-        run.add(
-            make_request(0, 4, 12), priority=1 if policy == "priority" else 0
-        )  # admitted first,
+        # admitted first,
+        run.add(make_request(0, 4, 12), priority=1 if policy == "priority" else 0)
         run.add(make_request(1, 4, 12))  # less urgent
         while not run.preempted:
             run.step()
@@ -172,8 +169,7 @@ def test_shortest_job_first_starves_a_long_job():
 
 def test_aging_admits_the_long_job_within_its_bound():
     """`Scheduler._next_waiting`: a job of S tokens waits only for requests that arrived
-    fewer
-    than (S - 1) / aging_rate steps after it (and those before it)."""
+    fewer than (S - 1) / aging_rate steps after it (and those before it)."""
     run = short_stream("aging", 400)
     assert "1" in run.admitted, "aging did not admit the long job"
     bound = (LONG_PROMPT + LONG_OUT - 1) / AGING_RATE
@@ -371,9 +367,8 @@ def test_thrashing_benchmark_working_set_near_the_best_hand_tuned_fewer_preempti
         )
     )
     m = result["memories"][4000]
-    assert (
-        m["greedy"][256]["preemptions"] > m["greedy"][4]["preemptions"]
-    )  # it thrashes when over-admitted
+    # it thrashes when over-admitted
+    assert m["greedy"][256]["preemptions"] > m["greedy"][4]["preemptions"]
     assert m["greedy"][256]["recomputed_tokens"] > 0
     assert m["working_set"]["preemptions"] < m["greedy"][256]["preemptions"]
     assert m["working_set_over_best"] >= 0.9
@@ -415,9 +410,8 @@ def test_scheduling_benchmark_short_requests_pass_long_ones_under_sjf_and_priori
         )
     assert rows["sjf"]["short_p50"] < rows["fcfs"]["short_p50"] / 2
     assert rows["priority"]["short_p50"] < rows["fcfs"]["short_p50"]
-    assert (
-        rows["sjf"]["max_wait"] > rows["fcfs"]["max_wait"]
-    )  # the long ones pay for it
+    # the long ones pay for it
+    assert rows["sjf"]["max_wait"] > rows["fcfs"]["max_wait"]
 
 
 def test_latency_by_size_takes_quarters_by_prompt_plus_output():

@@ -291,9 +291,8 @@ def test_load_with_disconnects_frees_every_frame(tiny_llm):
                 want.finish_reason,
             ), f"request {i}: {specs[i]}"
         text = wait_until_idle(url)
-        assert (
-            metric(text, "num_preemptions_total") > 0
-        )  # the small pool made it preempt
+        # the small pool made it preempt
+        assert metric(text, "num_preemptions_total") > 0
         assert metric(text, "prefix_cache_hits_total") > 0
         assert metric(text, "e2e_request_latency_seconds_count") == len(specs)
         aborted = float(
@@ -301,9 +300,8 @@ def test_load_with_disconnects_frees_every_frame(tiny_llm):
                 r'request_success_total{[^}]*finished_reason="abort"[^}]*} (\S+)', text
             )[1]
         )
-        assert (
-            0 < aborted <= sum(s["hang_up"] for s in specs)
-        )  # hang-ups aborted their requests
+        # hang-ups aborted their requests
+        assert 0 < aborted <= sum(s["hang_up"] for s in specs)
         assert httpx.get(f"{url}/health").status_code == 200  # it still answers
         out = httpx.post(
             f"{url}/v1/completions",
@@ -571,9 +569,8 @@ def test_bad_requests_get_openai_errors_and_leave_the_engine_alone(tiny_llm):
         )
         assert text == expected and streamed[-1] == "data: [DONE]"
         metrics = wait_until_idle(url)
-        assert (
-            metric(metrics, "e2e_request_latency_seconds_count") == 1
-        )  # only the good request ran
+        # only the good request ran
+        assert metric(metrics, "e2e_request_latency_seconds_count") == 1
         assert metric(metrics, "prompt_tokens_total") == len(
             tiny_llm.tokenizer.encode("one two three")
         )
@@ -600,9 +597,8 @@ def test_full_queue_gets_503_and_a_hang_up_frees_its_frames(tiny_llm):
                 a.stream("POST", "/v1/completions", json=body) as first,
                 b.stream("POST", "/v1/completions", json=body) as second,
             ):
-                assert (
-                    first.status_code == second.status_code == 200
-                )  # one runs, one waits
+                # one runs, one waits
+                assert first.status_code == second.status_code == 200
                 r = httpx.post(f"{url}/v1/completions", json=body | {"stream": False})
                 assert (
                     r.status_code == 503
@@ -647,24 +643,21 @@ def test_dashboard_snapshot_shows_frames_shared_between_requests(tiny_llm):
         for f, cell in enumerate(snap["frames"])
         if isinstance(cell, list) and cell[1:] == [0, 1]
     ]
-    assert (
-        len(shared) == len(tiny_llm.tokenizer.encode(preamble + "one")) // 4
-    )  # a's full prompt blocks
+    # a's full prompt blocks
+    assert len(shared) == len(tiny_llm.tokenizer.encode(preamble + "one")) // 4
     for i, request in enumerate(snap["requests"]):
         for seq in request["seqs"]:
             assert seq["blocks"] == engine.blocks.block_table(
                 engine.requests[request["id"]].seqs[seq["index"]].seq_id
             )
             assert all(i in snap["frames"][f][1:] for f in seq["blocks"])
-        assert (
-            "prompt" not in request and "text" not in request["seqs"][0]
-        )  # a room shares one screen
+        # a room shares one screen
+        assert "prompt" not in request and "text" not in request["seqs"][0]
     shown = Dashboard("tiny", show_text=True).snapshot(engine, time.perf_counter())[
         "requests"
     ][1]
-    assert (
-        shown["prompt"] == preamble + "two three"
-    )  # --dashboard-show-text: prompts and answers
+    # --dashboard-show-text: prompts and answers
+    assert shown["prompt"] == preamble + "two three"
     assert [seq["text"] for seq in shown["seqs"]] == [
         seq.text[: seq.released] for seq in engine.requests["b"].seqs
     ]

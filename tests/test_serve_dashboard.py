@@ -82,9 +82,8 @@ def test_the_palette_holds_colours_a_room_tells_apart():
         "#000000",
     ]  # free, cached, padding, shared, preempted
     assert min(math.dist(lab(c), lab(g)) for c in PALETTE for g in greys) >= 25
-    assert (
-        math.dist(lab("#76b7b2"), lab("#86bcb6")) < 10
-    )  # the check sees two teals as one
+    # the check sees two teals as one
+    assert math.dist(lab("#76b7b2"), lab("#86bcb6")) < 10
     contrast = {
         c: (
             (max(luminance(c), luminance(ink(c))) + 0.05)
@@ -92,9 +91,8 @@ def test_the_palette_holds_colours_a_room_tells_apart():
         )
         for c in PALETTE
     }
-    assert min(contrast.values()) >= 4.4, (
-        contrast
-    )  # a letter reads on its colour (WCAG asks 4.5 of small text)
+    # a letter reads on its colour (WCAG asks 4.5 of small text)
+    assert min(contrast.values()) >= 4.4, contrast
 
 
 def test_live_requests_get_distinct_colours_in_arrival_order():
@@ -104,30 +102,26 @@ def test_live_requests_get_distinct_colours_in_arrival_order():
     assert [letter for _, letter in first] == list(LETTERS[: len(PALETTE)])
     assert styles.of("r3") == first[3]  # a request keeps its colour for its whole life
     styles.release("r2"), styles.release("r5")
-    assert (
-        styles.of("new1")[0] == 2 and styles.of("new2")[0] == 5
-    )  # the free colours, in turn
-    for i in range(
-        3 * len(PALETTE)
-    ):  # more live requests than colours: the least used goes next
+    # the free colours, in turn
+    assert styles.of("new1")[0] == 2 and styles.of("new2")[0] == 5
+    # more live requests than colours: the least used goes next
+    for i in range(3 * len(PALETTE)):
         styles.of(f"more{i}")
         used = [
             sum(c == k for c, _ in styles.live.values()) for k in range(len(PALETTE))
         ]
         assert max(used) - min(used) <= 1, used
     letters = [letter for _, letter in styles.live.values()]
-    assert len(set(letters)) == len(
-        letters
-    )  # short labels stay unique among live requests
+    # short labels stay unique among live requests
+    assert len(set(letters)) == len(letters)
 
 
 def test_a_colour_given_back_waits_its_turn():
     styles = Styles()
     a, b, _ = styles.of("a"), styles.of("b"), styles.of("c")
     styles.release("a")
-    assert (
-        styles.of("d")[0] == 3 and styles.of("d")[1] == "D"
-    )  # not a's colour, just given back
+    # not a's colour, just given back
+    assert styles.of("d")[0] == 3 and styles.of("d")[1] == "D"
     styles.release("b")
     assert styles.of("e")[0] not in (a[0], b[0])
 
@@ -145,9 +139,8 @@ def test_a_request_keeps_its_colour_and_letter_to_its_last_step(tiny_llm):
         )
     while engine.has_unfinished_requests():
         report = engine.step()
-        for (
-            output
-        ) in report.finished:  # the engine loop's order: finished(), then stepped()
+        # the engine loop's order: finished(), then stepped()
+        for output in report.finished:
             dashboard.finished(output, None)
         dashboard.stepped(engine, report, idle=not engine.has_unfinished_requests())
     styles = {
@@ -172,10 +165,11 @@ def test_prefix_cache_hits_are_counted_when_a_sequence_is_admitted():
     assert (blocks.prefix_cache_queries, blocks.prefix_cache_hits) == (18 + 19, 16)
     off = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=False)
     off.allocate("a", prompt), off.allocate("b", prompt)
+    # no cache, no look-ups
     assert (off.prefix_cache_queries, off.prefix_cache_hits) == (
         0,
         0,
-    )  # no cache, no look-ups
+    )
 
 
 @pytest.fixture(scope="module")
@@ -296,12 +290,10 @@ def test_tokens_per_s_is_a_sliding_window_that_falls_to_zero():
     dashboard = Dashboard("tiny")
     for step in range(100):  # 10 s at 10 steps a second: 4 rows for 5 s, then 8 rows
         dashboard._record(report(step, 4 if step < 50 else 8), now=1000 + step / 10)
-    assert dashboard.tokens_per_s(1000 + 9.95) == pytest.approx(
-        80, rel=0.03
-    )  # only the last 5 s
-    assert dashboard.tokens_per_s(1000 + 12) == pytest.approx(
-        8 * 30 / WINDOW, rel=0.03
-    )  # sliding out
+    # only the last 5 s
+    assert dashboard.tokens_per_s(1000 + 9.95) == pytest.approx(80, rel=0.03)
+    # sliding out
+    assert dashboard.tokens_per_s(1000 + 12) == pytest.approx(8 * 30 / WINDOW, rel=0.03)
     assert dashboard.tokens_per_s(1000 + 20) == 0
     fresh = Dashboard("tiny")
     for step in range(10):  # a busy spell of 1 s is not diluted by a window of 5
@@ -322,9 +314,8 @@ def test_a_client_is_shown_by_address_and_a_hash_of_its_key_never_the_key():
         and "alice" not in alice
         and "secret" not in alice
     )
-    assert alice != bob and alice == client_name(
-        "10.0.0.7 Bearer sk-alice-secret"
-    )  # the same key, the same name
+    # the same key, the same name
+    assert alice != bob and alice == client_name("10.0.0.7 Bearer sk-alice-secret")
     assert (
         client_name("10.0.0.8 ") == "10.0.0.8"
         and client_name("alice") == "alice"
@@ -338,9 +329,8 @@ def test_a_client_is_shown_by_address_and_a_hash_of_its_key_never_the_key():
         OTHER,
         OTHER,
     ]
-    assert (
-        names.of("10.0.0.1 ") == "10.0.0.1" and len(names.known) == 3
-    )  # known ones keep their names
+    # known ones keep their names
+    assert names.of("10.0.0.1 ") == "10.0.0.1" and len(names.known) == 3
     assert [names.rank(n) for n in ("10.0.0.2", "10.0.0.0", OTHER)] == [2, 0, 3]
 
 
@@ -374,16 +364,14 @@ def test_each_clients_service_is_counted_while_it_runs_and_when_it_leaves(tiny_l
     started, rows_ran, steps = set(), {"alice": 0, "bob": 0}, 0
     while engine.has_unfinished_requests() and steps < 100:
         report, steps = engine.step(), steps + 1
-        for (
-            output
-        ) in report.finished:  # the engine loop's order: finished(), then stepped()
+        # the engine loop's order: finished(), then stepped()
+        for output in report.finished:
             dashboard.finished(output, None)
         dashboard.stepped(engine, report, idle=not engine.has_unfinished_requests())
         started |= {rid for rid, *_ in report.ran}
         for rid, *_ in report.ran:
-            rows_ran[rid.rstrip("0123456789")] += (
-                1  # each row samples one token (no speculation here)
-            )
+            # each row samples one token (no speculation here)
+            rows_ran[rid.rstrip("0123456789")] += 1
         s, rows = engine.scheduler, {r["name"]: r for r in dashboard.latest["clients"]}
         for client in asks:
             row = rows[client]
@@ -401,9 +389,8 @@ def test_each_clients_service_is_counted_while_it_runs_and_when_it_leaves(tiny_l
             )
             assert row["output_tokens"] == rows_ran[client], (steps, row)
             assert row["counter"] == round(s.order.counters[client], 1)
-        if (
-            engine.has_unfinished_requests()
-        ):  # busy: the window's tokens are all someone's
+        # busy: the window's tokens are all someone's
+        if engine.has_unfinished_requests():
             assert sum(r["share"] for r in rows.values()) == pytest.approx(1, abs=1e-3)
     assert not engine.has_unfinished_requests(), "not done in 100 steps"
     final = {r["name"]: r for r in dashboard.latest["clients"]}
@@ -445,9 +432,8 @@ def test_a_clients_share_is_of_the_tokens_computed_in_the_last_window():
             StepReport(step, ran, 0, 0, 0, 0, 0, 0, 0, [], [], 0.1),
             now=1000 + step / 10,
         )
-    rows = {
-        r["name"]: r for r in dashboard._clients(engine, {}, now=1000 + 9.95)
-    }  # only the last 5 s
+    # only the last 5 s
+    rows = {r["name"]: r for r in dashboard._clients(engine, {}, now=1000 + 9.95)}
     assert (rows["alice"]["share"], rows["bob"]["share"]) == (0.25, 0.75)
     assert (rows["alice"]["recent_tokens"], rows["bob"]["recent_tokens"]) == (50, 150)
     assert rows["alice"]["counter"] is None  # fcfs keeps no counter
@@ -461,8 +447,7 @@ def test_a_clients_share_is_of_the_tokens_computed_in_the_last_window():
 
 def chromium() -> str:
     """Debian's Chromium, or a skip that says why; as root (CI) a missing browser is a
-    failure:
-    `make test` installs it there."""
+    failure: `make test` installs it there."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path:
         return path
@@ -479,8 +464,7 @@ def load(
     url: str, stop: threading.Event, seconds: float, clients: int, max_tokens=(20, 120)
 ) -> None:
     """Clients sending requests that share a preamble (their prompt blocks are shared
-    frames),
-    until `stop` or `seconds` (bounded), whichever comes first."""
+    frames), until `stop` or `seconds` (bounded), whichever comes first."""
     rng = random.Random(3)
 
     async def client(http):
@@ -608,9 +592,8 @@ def watch(
         if until(views):
             if not hold:
                 break
-            page.keyboard.press(
-                " "
-            )  # the page may have moved on since: look again, held
+            # the page may have moved on since: look again, held
+            page.keyboard.press(" ")
             views.append(page.evaluate(LOOK))
             check_view(views[-1], projector)
             if until(views):
@@ -625,8 +608,7 @@ def serve_in_browser(
     tmp_path, engine_options: dict, clients: int, max_tokens=(20, 120)
 ):
     """A tiny random model served with `engine_options`, `clients` clients sending
-    requests, and
-    headless Chromium: gives (browser, url, stop)."""
+    requests, and headless Chromium: gives (browser, url, stop)."""
     executable = chromium()
     # the test extra (make test): missing, this fails
     import playwright.sync_api as playwright
@@ -675,9 +657,8 @@ def test_dashboard_shows_shared_frames_and_a_growing_timeline(tmp_path):
     ) as (browser, url, _):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         page.goto(url + "/")
-        page.wait_for_selector(
-            "#frames .frame", timeout=60_000
-        )  # a loaded CI machine is slow
+        # a loaded CI machine is slow
+        page.wait_for_selector("#frames .frame", timeout=60_000)
         views = watch(
             page,
             lambda vs: (
@@ -707,8 +688,7 @@ def test_dashboard_on_a_projector_during_a_preemption(tmp_path):
     """A pool of 40 frames and long answers: requests are preempted while others share
     the preamble's frames. In projector mode at 1280x720 every text is 18 px or more, no
     text lies on other text, live requests have distinct colours; prefix hits show
-    before any request ends,
-    and tokens/s is 0 once the server is idle."""
+    before any request ends, and tokens/s is 0 once the server is idle."""
     options = dict(
         num_blocks=40,
         block_size=8,
@@ -723,9 +703,8 @@ def test_dashboard_on_a_projector_during_a_preemption(tmp_path):
     ):
         page = browser.new_page(viewport=PROJECTOR)
         page.goto(url + "/?projector=1")
-        page.wait_for_selector(
-            "#frames .frame", timeout=60_000
-        )  # a loaded CI machine is slow
+        # a loaded CI machine is slow
+        page.wait_for_selector("#frames .frame", timeout=60_000)
         views = watch(
             page,
             lambda vs: (
@@ -904,9 +883,8 @@ def test_dashboard_of_static_batching_shows_padding_rows(tmp_path):
     ):
         page = browser.new_page(viewport=PROJECTOR)
         page.goto(url + "/?projector=1")
-        page.wait_for_selector(
-            "#frames .frame", timeout=60_000
-        )  # a loaded CI machine is slow
+        # a loaded CI machine is slow
+        page.wait_for_selector("#frames .frame", timeout=60_000)
         views = watch(
             page,
             lambda vs: vs[-1]["padding"] >= 6 and len(vs[-1]["frames"]) == 4,
@@ -917,7 +895,6 @@ def test_dashboard_of_static_batching_shows_padding_rows(tmp_path):
         assert views[-1]["padding"] >= 6, (
             "no padding rows in the timeline of static batching"
         )
-        assert (
-            len(views[-1]["frames"]) == 4
-        )  # 640 slots: 4 regions of 160, each with its request's letter
+        # 640 slots: 4 regions of 160, each with its request's letter
+        assert len(views[-1]["frames"]) == 4
         save(page, tmp_path, "dashboard-static.png")

@@ -98,9 +98,8 @@ def test_default_max_tokens_never_asks_more_than_the_pool_holds(smollm2_shaped):
         # each of 3 sequences may hold 30 // 3 = 10 frames of 16 slots, its prompt
         # included
         assert answer.usage.completion_tokens == 3 * (10 * 16 - prompt)
-        with pytest.raises(
-            openai.BadRequestError, match="needs 33 frames"
-        ):  # asked for: the engine's 400
+        # asked for: the engine's 400
+        with pytest.raises(openai.BadRequestError, match="needs 33 frames"):
             client(url).chat.completions.create(
                 model="tiny",
                 messages=[{"role": "user", "content": "hi"}],
@@ -163,18 +162,16 @@ def test_unknown_routes_and_wrong_methods_answer_in_openai_shape(tiny_llm):
             )
             assert path in error["message"]
         assert httpx.get(url + "/v1/completions").headers["allow"] == "POST"
-        with pytest.raises(
-            openai.NotFoundError, match="/v1/chat/completions"
-        ):  # says where to go
+        # says where to go
+        with pytest.raises(openai.NotFoundError, match="/v1/chat/completions"):
             client(url).embeddings.create(model="tiny", input="hello")
 
 
 def test_dashboard_text_needs_the_api_key(tiny_llm):
     """--api-key with --dashboard-show-text: the page stays open, its prompts and
     answers do not."""
-    secret = (  # a prompt of words outside the tiny vocabulary: <unk>s
-        "alpha beta gamma delta"
-    )
+    # a prompt of words outside the tiny vocabulary: <unk>s
+    secret = "alpha beta gamma delta"
     prompt = "paged frame block table " + secret
     key = "room42"
     with (
@@ -208,9 +205,10 @@ def test_dashboard_text_needs_the_api_key(tiny_llm):
                 ({}, {"Authorization": "Bearer wrong"}),
             ]:
                 hidden = http.get("/dashboard/snapshot", params=params, headers=headers)
+                # ids and counts
                 assert hidden.status_code == 200 and hidden.json()["requests"], (
                     hidden.text
-                )  # ids and counts
+                )
                 assert (
                     secret not in hidden.text
                     and '"prompt"' not in hidden.text
@@ -222,9 +220,8 @@ def test_dashboard_text_needs_the_api_key(tiny_llm):
                         line for line in events.iter_lines() if line.startswith("data:")
                     )
                 assert (secret in first) == visible and '"requests"' in first
-            assert (
-                "<title>" in http.get("/").text
-            )  # the page itself: open for the projector
+            # the page itself: open for the projector
+            assert "<title>" in http.get("/").text
 
 
 def read_until(process, pattern: str, seconds: float = 60) -> str:
@@ -250,8 +247,7 @@ def hang_up(port: int, body: bytes, send: int, wait: float) -> None:
 def test_the_server_log_stays_clean_through_mistakes_and_hang_ups(tiny_llm, tmp_path):
     """What a lecturer's terminal shows while the room pokes: no traceback for a
     client's mistake or a hang-up (a KeyError for a non-streamed one, ClientDisconnect
-    for a half-sent body), and
-    every frame back afterwards."""
+    for a half-sent body), and every frame back afterwards."""
     command = [
         sys.executable,
         "-m",
@@ -276,15 +272,12 @@ def test_the_server_log_stays_clean_through_mistakes_and_hang_ups(tiny_llm, tmp_
         # 240 tokens take the tiny model about 0.3 s: each client hangs up before its
         # answer is ready
         long = b'{"prompt": %s, "max_tokens": 240, "ignore_eos": true}'
-        hang_up(
-            port, long % b'"one two three"', send=999, wait=0.05
-        )  # one prompt, not streamed
-        hang_up(
-            port, long % b'["one two", "three", "four"]', send=999, wait=0.05
-        )  # three prompts
-        hang_up(
-            port, long % b'"one two three"', send=10, wait=0.05
-        )  # halfway through its body
+        # one prompt, not streamed
+        hang_up(port, long % b'"one two three"', send=999, wait=0.05)
+        # three prompts
+        hang_up(port, long % b'["one two", "three", "four"]', send=999, wait=0.05)
+        # halfway through its body
+        hang_up(port, long % b'"one two three"', send=10, wait=0.05)
         hang_up(
             port,
             (long % b'"one"').replace(b"}", b', "stream": true}'),

@@ -101,9 +101,8 @@ def test_the_api_fuzzed_from_its_own_openapi_schema(tiny_llm, mode, capsys):
                 )
 
         fuzz()
-        wait_until_idle(
-            url, seconds=10
-        )  # and nothing of the fuzzing stays in the engine
+        # and nothing of the fuzzing stays in the engine
+        wait_until_idle(url, seconds=10)
     seconds = time.monotonic() - started
     with capsys.disabled():  # in `make test`'s output too, not only with -s
         print(

@@ -126,9 +126,8 @@ def test_completion_logprobs_with_echo_match_a_teacher_forced_forward(tiny_llm, 
     for p in range(1, len(every)):
         assert lp.token_logprobs[p] == pytest.approx(want[p - 1, every[p]], abs=1e-4)
         likeliest = {text_of(tiny_llm, t) for t in np.argsort(-want[p - 1])[:2]}
-        assert set(lp.top_logprobs[p]) == likeliest | {
-            lp.tokens[p]
-        }  # OpenAI's: the token's own and the top 2
+        # OpenAI's: the token's own and the top 2
+        assert set(lp.top_logprobs[p]) == likeliest | {lp.tokens[p]}
     assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(every))]
     raw = httpx.post(
         f"{url}/v1/completions",
@@ -141,9 +140,8 @@ def test_completion_logprobs_with_echo_match_a_teacher_forced_forward(tiny_llm, 
         },
         timeout=60,
     ).json()
-    prompt_logprobs = raw["choices"][0][
-        "prompt_logprobs"
-    ]  # vLLM's, token id -> {logprob, rank, decoded_token}
+    # vLLM's, token id -> {logprob, rank, decoded_token}
+    prompt_logprobs = raw["choices"][0]["prompt_logprobs"]
     assert len(prompt_logprobs) == len(ids) and prompt_logprobs[0] is None
     assert prompt_logprobs[1][str(ids[1])]["logprob"] == pytest.approx(
         want[0, ids[1]], abs=1e-4
@@ -159,9 +157,8 @@ def test_completion_logprobs_without_echo_and_zero_top(tiny_llm, url):
     )
     lp = r.choices[0].logprobs
     assert lp.tokens == [text_of(tiny_llm, t) for t in answer]
-    assert [list(top) for top in lp.top_logprobs] == [
-        [t] for t in lp.tokens
-    ]  # logprobs=0: the token's own only
+    # logprobs=0: the token's own only
+    assert [list(top) for top in lp.top_logprobs] == [[t] for t in lp.tokens]
     want = log_softmax(teacher_forced_logits(tiny_llm.model, ids + answer))[
         len(ids) - 1 :
     ]
@@ -324,8 +321,7 @@ def test_a_logit_bias_outside_the_vocabulary_is_a_400(tiny_llm, url):
 def test_streamed_logprobs_are_the_whole_answers_chunk_by_chunk(tiny_llm, url):
     """stream=True with logprobs: each chunk carries its own tokens' logprobs (chat's
     content entries; completions' four lists, text_offset counting on across chunks),
-    and together they
-    are the answer's logprobs without stream."""
+    and together they are the answer's logprobs without stream."""
     c = client(url)
     messages = [{"role": "user", "content": "what is a page table"}]
     whole = c.chat.completions.create(
@@ -395,8 +391,7 @@ def test_streamed_logprobs_are_the_whole_answers_chunk_by_chunk(tiny_llm, url):
 
 def test_a_streamed_echo_starts_with_the_prompt(url):
     """A completion's echo with stream=True: each choice's first chunk is its prompt,
-    and the
-    whole text is what the same request without stream answers."""
+    and the whole text is what the same request without stream answers."""
     c = client(url)
     whole = c.completions.create(
         model="tiny", prompt="hello there", temperature=0, max_tokens=5, echo=True, n=2

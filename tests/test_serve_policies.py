@@ -1,8 +1,7 @@
 """The series' engine choices reach the server: `python -m minipaged.serve
 --scheduling-policy, --prefix-cache-policy, --admission, --kv-offload-frames`, and a
 request's `priority` field (vLLM's extension) under `--scheduling-policy priority`.
-Servers listen on 127.0.0.1 on free ports; every
-wait is bounded."""
+Servers listen on 127.0.0.1 on free ports; every wait is bounded."""
 
 import contextlib
 import io
@@ -181,6 +180,5 @@ def test_a_priority_on_a_first_come_server_is_a_400_naming_the_option(folder):
         error["param"] == "priority"
         and "--scheduling-policy priority" in error["message"]
     ), error
-    assert zero.status_code == 200, (
-        zero.text
-    )  # 0, vLLM's default, is every request's priority
+    # 0, vLLM's default, is every request's priority
+    assert zero.status_code == 200, zero.text

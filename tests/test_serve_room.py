@@ -48,8 +48,7 @@ def tiny_llm(tmp_path_factory):
 @contextlib.contextmanager
 def room(llm, step_seconds: float = 0.01, **config):
     """(server, url): a server whose every step lasts at least step_seconds, so that a
-    LONG
-    stream (400 tokens) stays unfinished for seconds while the test looks at it."""
+    LONG stream (400 tokens) stays unfinished for seconds while the test looks at it."""
     engine = llm.new_engine(num_blocks=512, block_size=4, max_num_seqs=16)
     step = engine.step
     engine.step = lambda: (time.sleep(step_seconds), step())[1]
@@ -155,22 +154,23 @@ def test_slots_come_back_when_answers_finish_and_n_counts(tiny_llm):
             (SHORT | {"n": 3}, "n"),
             (SHORT | {"prompt": ["one", "two", "three"]}, "prompt"),
         ]:
-            never = alice.post(
-                "/v1/completions", json=body
-            )  # it could never fit: a 400, not a 429 to retry
+            # it could never fit: a 400, not a 429 to retry
+            never = alice.post("/v1/completions", json=body)
             assert (
                 never.status_code == 400 and never.json()["error"]["param"] == param
             ), never.text
             assert "at most 2 unfinished at once" in never.json()["error"]["message"]
         with contextlib.ExitStack() as stack:
             hold(stack, alice)
+            # 1 + 2 > 2
             assert (
                 alice.post("/v1/completions", json=SHORT | {"n": 2}).status_code == 429
-            )  # 1 + 2 > 2
+            )
             assert alice.post("/v1/completions", json=SHORT).status_code == 200  # 1 + 1
+        # the abort is async
         wait_for(
             lambda: not server.slots.held, what=f"a hang-up left {server.slots.held}"
-        )  # the abort is async
+        )
         assert server.openapi()["paths"]["/v1/completions"]["post"]["responses"]["429"]
 
 
@@ -190,9 +190,8 @@ def test_a_client_that_hangs_up_gives_its_slots_back(tiny_llm):
         room(tiny_llm, max_concurrent_per_client=2) as (server, url),
         http(url, "alice") as alice,
     ):
-        for _ in range(
-            2
-        ):  # streams closed mid-answer, twice: the second round is not refused
+        # streams closed mid-answer, twice: the second round is not refused
+        for _ in range(2):
             with contextlib.ExitStack() as stack:
                 hold(stack, alice)
                 hold(stack, alice, n=1)
@@ -392,8 +391,7 @@ def test_the_workshop_script_bounds_its_answer_and_runs(tiny_llm):
 
 def test_the_room_benchmark_sees_its_flood_refused_and_serves_everyone_else(tiny_llm):
     """`bench serve --workload room` as a unit: its flood gets 429s past the share, and
-    no
-    participant is refused (each has one request in flight, under its own key)."""
+    no participant is refused (each has one request in flight, under its own key)."""
     import argparse
     import asyncio
 
@@ -420,6 +418,5 @@ def test_the_room_benchmark_sees_its_flood_refused_and_serves_everyone_else(tiny
         result["flood"]["refused_429"] > 0 and result["flood"]["other_errors"] == 0
     ), result
     assert 0 < result["short_ttft_p50"] <= result["short_e2e_p50"] < 30, result
-    assert (
-        result["short_e2e_p50"] >= ROOM_TOKENS * 0.005
-    )  # each of its tokens took a step
+    # each of its tokens took a step
+    assert result["short_e2e_p50"] >= ROOM_TOKENS * 0.005

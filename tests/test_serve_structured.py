@@ -1,8 +1,7 @@
 """Structured output on the server, with SmolLM2 (the room's model) and the `openai`
 client: vLLM's structured_outputs (json, regex, choice), OpenAI's response_format, tools
 with each tool_choice, streamed and not; every held answer parses and fits; bad ones are
-clear 400s.
-Servers on 127.0.0.1 on free ports; every loop bounded."""
+clear 400s. Servers on 127.0.0.1 on free ports; every loop bounded."""
 
 from __future__ import annotations
 

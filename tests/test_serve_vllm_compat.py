@@ -104,9 +104,8 @@ def test_unknown_fields_are_ignored_at_the_top_and_in_a_message_and_logged_once(
         for record in caplog.records
         if record.name == "minipaged.serve"
     ]
-    assert sum("store" in line for line in logged) == 1, (
-        logged
-    )  # once, however often it comes
+    # once, however often it comes
+    assert sum("store" in line for line in logged) == 1, logged
     assert any(
         "messages[].cache_control" in line and "frobnicate" in line for line in logged
     ), logged
@@ -161,9 +160,8 @@ def test_fields_minipaged_lacks_are_refused_by_name(url, field, value):
             model="tiny", messages=CHAT, max_tokens=2, extra_body={field: value}
         )
     error = refused.value.body
-    error = error.get(
-        "error", error
-    )  # the error object, whichever way the client unwrapped it
+    # the error object, whichever way the client unwrapped it
+    error = error.get("error", error)
     assert (
         error["param"] == field and "not supported by minipaged yet" in error["message"]
     ), error
@@ -372,9 +370,8 @@ def test_out_of_vocabulary_stop_ids_and_bias_keys_name_the_id_and_the_vocabulary
         f"{bad} is out of vocabulary" in error["message"]
         and f"vocabulary size is {vocab}" in error["message"]
     )
-    edge = (
-        [vocab - 1] if field == "stop_token_ids" else {str(vocab - 1): 1.0}
-    )  # the last id is fine
+    # the last id is fine
+    edge = [vocab - 1] if field == "stop_token_ids" else {str(vocab - 1): 1.0}
     assert post(url, route, body | {"max_tokens": 2, field: edge}).status_code == 200
 
 
@@ -436,9 +433,8 @@ def test_chat_echo_and_continue_final_message(tiny_llm, url):
     )
     assert rendered.endswith("<|assistant|> the cache")
     ids = tokenizer.encode_chat(prefill, False, continue_final_message=True)
-    assert ids[-2:] == tokenizer.encode(
-        "the cache"
-    )  # the answer's turn is left open, not closed
+    # the answer's turn is left open, not closed
+    assert ids[-2:] == tokenizer.encode("the cache")
     body = {
         "messages": prefill,
         "add_generation_prompt": False,
@@ -574,10 +570,11 @@ def test_stop_reason_names_the_stop_string_or_token(tiny_llm, url):
         chat = post(url, "/v1/chat/completions", {"messages": CHAT} | body).json()[
             "choices"
         ][0]
+        # the chat's own text may not reach the stop
         assert chat["stop_reason"] in (
             reason,
             None,
-        )  # the chat's own text may not reach the stop
+        )
 
 
 def seed_with_uneven_samples(llm, prompt, n, params):
@@ -632,9 +629,8 @@ def test_n_streaming_sends_one_choice_per_chunk_each_finishing_on_its_own(
     assert texts == [o.text for o in outs]
     shortest = min(range(3), key=lambda i: len(outs[i].token_ids))
     later = [c["choices"][0] for c in chunks[finished_at[shortest] + 1 : -1]]
-    assert any(
-        c["index"] != shortest and c["token_ids"] for c in later
-    )  # it did not wait for its siblings
+    # it did not wait for its siblings
+    assert any(c["index"] != shortest and c["token_ids"] for c in later)
     assert [
         sum(
             (
@@ -747,9 +743,8 @@ def test_a_streams_last_token_comes_in_the_chunk_that_finishes_it(url, route):
     assert len(finished) == 1 and finished[0]["choices"][0]["finish_reason"] == "length"
     assert pieces[-1] and "".join(p or "" for p in pieces) == whole
     counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
-    texts = (
-        counts[1:] if chat else counts
-    )  # a chat's first chunk is its role, before any token
+    # a chat's first chunk is its role, before any token
+    texts = counts[1:] if chat else counts
     assert texts == list(range(1, 6)), counts
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
 
@@ -862,9 +857,8 @@ def test_force_include_usage_puts_the_usage_in_every_chunk_of_every_stream(tiny_
         }
         for options in ({}, {"stream_options": {"include_usage": False}}):
             chunks = events(post(forced, "/v1/chat/completions", body | options))
-            counts = [
-                c["usage"]["completion_tokens"] for c in chunks
-            ]  # KeyError if a chunk has none
+            # KeyError if a chunk has none
+            counts = [c["usage"]["completion_tokens"] for c in chunks]
             assert counts == [0, 1, 2, 3, 4, 4] and chunks[-1]["choices"] == [], counts
         assert (
             "usage"
@@ -1040,9 +1034,8 @@ def test_metrics_serve_vllms_names_beside_minipageds_and_count(tiny_llm):
         == value("time_per_output_token_seconds_count")
         == 3 * 4
     )
-    assert (
-        value("iteration_tokens_total_count") == 3 * 5
-    )  # a prefill step and four decode steps each
+    # a prefill step and four decode steps each
+    assert value("iteration_tokens_total_count") == 3 * 5
     assert value("num_preemptions_total") == 0 and value("num_requests_running") == 0
     assert (
         value("e2e_request_latency_seconds_sum")

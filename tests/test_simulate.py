@@ -112,9 +112,8 @@ def test_a_search_from_a_curves_points_runs_less_and_lands_beside_the_full_one(
     )
     assert len(runs) - len(curve) - full < full, (full, len(runs) - len(curve) - full)
     assert started == pytest.approx(plain, rel=0.05)
-    assert min(curve.values()) <= 0.021 < max(curve.values()), (
-        curve
-    )  # the threshold lies inside the curve
+    # the threshold lies inside the curve
+    assert min(curve.values()) <= 0.021 < max(curve.values()), curve
 
 
 def test_json_of_one_timed_run(capsys):
@@ -154,15 +153,13 @@ def test_a_trace_too_short_to_saturate_sustains_the_highest_rate_instead_of_hang
 
 def test_the_gpu_profile_is_a_roofline_and_the_cpu_profile_a_sum():
     gpu, cpu = sim.PROFILES["opt-13b-a100"], sim.PROFILES["cpu-smollm2"]
-    decode = gpu.step_time(
-        32, 32 * 400, 32 * 25
-    )  # memory-bound: the weights and KV read dominate
+    # memory-bound: the weights and KV read dominate
+    decode = gpu.step_time(32, 32 * 400, 32 * 25)
     assert decode == pytest.approx(
         gpu.fixed + gpu.per_context * 32 * 400 + gpu.per_frame * 32 * 25
     )
-    prefill = gpu.step_time(
-        2000, 2000, 125
-    )  # compute-bound: 2000 tokens through the matmuls
+    # compute-bound: 2000 tokens through the matmuls
+    prefill = gpu.step_time(2000, 2000, 125)
     assert prefill == pytest.approx(gpu.per_token * 2000) and prefill > gpu.fixed
     assert cpu.step_time(4, 400) == pytest.approx(
         cpu.fixed + 4 * cpu.per_token + 400 * cpu.per_context
@@ -174,9 +171,8 @@ def test_small_blocks_pay_per_frame_and_contiguous_chunks_read_one_region_per_ro
     one, sixteen = (
         sim.simulate("opt-13b-a100", "paged", trace, block_size=b) for b in (1, 16)
     )
-    assert (
-        one.preemptions == sixteen.preemptions == 0
-    )  # the same schedule, only slower steps
+    # the same schedule, only slower steps
+    assert one.preemptions == sixteen.preemptions == 0
     assert one.normalized_latency > 1.1 * sixteen.normalized_latency
     for system, frames_per_row in (
         ("contiguous-oracle", lambda tokens: 1),
@@ -196,9 +192,8 @@ def test_small_blocks_pay_per_frame_and_contiguous_chunks_read_one_region_per_ro
 
 
 def test_ablations_count_preemptions_and_swap_moves_frames():
-    result = sim.ablations(
-        "opt-13b-a100", "alpaca", 400, rate=400
-    )  # far past paging's knee
+    # far past paging's knee
+    result = sim.ablations("opt-13b-a100", "alpaca", 400, rate=400)
     recompute, swap = result["recompute"], result["swap"]
     assert list(recompute) == list(swap) == sim.ABLATION_BLOCK_SIZES
     assert any(r["preemptions"] for r in recompute.values()) and any(

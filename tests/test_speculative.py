@@ -1,7 +1,6 @@
 """Speculative decoding: the options, the proposers, the page table's rollback, the
 acceptance rule (greedy exact, sampled equal in distribution to the model's), and the
-engine's outputs
-with speculation equal to those without, over the options it meets."""
+engine's outputs with speculation equal to those without, over the options it meets."""
 
 from __future__ import annotations
 
@@ -122,10 +121,11 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     ids = [1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 1, 2, 3]
     assert ngram_propose(ids, 2, 1, 3) == [7, 8]  # the latest earlier "1 2 3"
     assert ngram_propose(ids, 9, 1, 3) == [7, 8, 4, 1, 2, 3]  # as many as there are
+    # n = 1: the token after the last 6
     assert ngram_propose([5, 6, 7, 6], 2, 1, 1) == [
         7,
         6,
-    ]  # n = 1: the token after the last 6
+    ]
     assert ngram_propose([5, 6, 7, 6], 2, 2, 3) == []  # no earlier "7 6"
     assert ngram_propose([4], 3, 1, 3) == []
 
@@ -177,9 +177,8 @@ def test_a_guess_never_writes_into_a_shared_frame():
         and manager.block_table("child")[0] != shared
     )
     assert manager.table_view("parent").ref_counts == [1]
-    manager.settle_guesses(
-        "child", []
-    )  # rolled back: the private copy stays the child's
+    # rolled back: the private copy stays the child's
+    manager.settle_guesses("child", [])
     assert (
         manager.num_tokens("child") == 3 and manager.block_table("child")[0] != shared
     )
@@ -188,10 +187,11 @@ def test_a_guess_never_writes_into_a_shared_frame():
 def test_guess_slots_stop_where_the_frames_run_out_without_changing_anything_else():
     manager = BlockManager(num_blocks=2, block_size=2)
     manager.allocate("s", [1, 2, 3])
+    # only the slot left in the last frame
     assert manager.append_guess_slots("s", 5) == (
         1,
         [],
-    )  # only the slot left in the last frame
+    )
     assert manager.num_free_frames == 0 and manager.num_tokens("s") == 4
     manager.settle_guesses("s", [])
     assert manager.num_tokens("s") == 3
@@ -211,10 +211,11 @@ def test_greedy_acceptance_keeps_guesses_up_to_the_first_wrong_one_then_the_argm
         0,
         3,
     ]  # all right, and one more
+    # the second wrong: corrected
     assert verify(logits, [1, 3, 0], greedy, None) == [
         1,
         2,
-    ]  # the second wrong: corrected
+    ]
     assert verify(logits, [0, 2, 0], greedy, None) == [1]
 
 
@@ -278,8 +279,7 @@ def test_the_distribution_test_can_fail():
 
 def run(engine, requests, abort_at=None):
     """Outputs by request id; requests are (id, prompt ids, params); abort_at: {id:
-    step}.
-    The preemptions it saw are left in engine.preempted_modes."""
+    step}. The preemptions it saw are left in engine.preempted_modes."""
     for rid, prompt, params in requests:
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
     outs, step, engine.preempted_modes = {}, 0, set()
@@ -429,9 +429,8 @@ def test_stops_and_limits_inside_an_accepted_run_cut_as_without_speculation(llm)
     want = run(llm.new_engine(), reqs)
     for spec in (NGRAM, DRAFT, "oracle"):
         engine = llm.new_engine(speculative_config=NGRAM if spec == "oracle" else spec)
-        if (
-            spec == "oracle"
-        ):  # guesses the reference itself, one in four wrong: runs end everywhere
+        # guesses the reference itself, one in four wrong: runs end everywhere
+        if spec == "oracle":
             engine.lookahead.proposer = Oracle(
                 len(prompt), ref.token_ids + [0] * 40, wrong_every=4
             )
@@ -443,8 +442,7 @@ def test_stops_and_limits_inside_an_accepted_run_cut_as_without_speculation(llm)
 
 class Oracle:
     """A proposer that knows the greedy output (a test's stand-in for a perfect
-    guesser), and
-    spoils every `wrong_every`-th guess it makes."""
+    guesser), and spoils every `wrong_every`-th guess it makes."""
 
     def __init__(self, prompt_len: int, output: list[int], wrong_every: int):
         self.prompt_len, self.output, self.wrong_every, self.made = (
@@ -507,9 +505,8 @@ def test_seeded_sampling_with_speculation_is_reproducible_and_follows_the_model(
     assert engine.lookahead.num_guessed > 0
     again, _ = third_tokens(NGRAM)
     assert (again == speculated).all()
-    top = np.argsort(-np.bincount(plain))[
-        :5
-    ]  # the common tokens: each share within sampling noise
+    # the common tokens: each share within sampling noise
+    top = np.argsort(-np.bincount(plain))[:5]
     for token in top:
         a, b = np.mean(plain == token), np.mean(speculated == token)
         assert abs(a - b) < 4 * np.sqrt(max(a, 0.02) * (1 - a) * 2 / 300), (token, a, b)

@@ -1,7 +1,6 @@
 """The structured-output seam, with a hand-written backend: a sequence with a constraint
 takes only the tokens it allows, each sample its own state, through batching,
-preemption,
-speculation and min_tokens; a request without one is unchanged beside it."""
+preemption, speculation and min_tokens; a request without one is unchanged beside it."""
 
 from __future__ import annotations
 
@@ -114,9 +113,8 @@ def test_each_sample_walks_its_own_state_and_a_free_request_beside_it_is_unchang
 
 
 def test_a_preempted_held_request_resumes_at_its_state(checkpoint):
-    llm, _ = make(
-        checkpoint, num_blocks=10, block_size=4
-    )  # 4 requests of up to 24 tokens preempt
+    # 4 requests of up to 24 tokens preempt
+    llm, _ = make(checkpoint, num_blocks=10, block_size=4)
     outs = llm.generate(
         ["the cat sat on the mat"] * 4, held("odd:14", temperature=0, max_tokens=20)
     )

@@ -45,9 +45,8 @@ def test_template_features_transformers_provides(tiny):
         tok.apply_chat_template([{"role": "user", "content": "é"}], False)
         == '<s>{"role": "user", "content": "é"}'
     )
-    with pytest.raises(
-        ValueError, match="no bad roles"
-    ):  # a 400 at the server, not a 500
+    # a 400 at the server, not a 500
+    with pytest.raises(ValueError, match="no bad roles"):
         tok.apply_chat_template([{"role": "bad", "content": ""}])
 
 
@@ -68,6 +67,5 @@ def test_incremental_detokenizer_rebuilds_the_text(smollm2):
     pieces = [detok.add(i) for i in ids]
     assert "".join(pieces) == tok.decode(ids) == text
     assert all("\ufffd" not in p for p in pieces)
-    assert (
-        "" in pieces
-    )  # the emoji and CJK bytes span several tokens: held back, then released
+    # the emoji and CJK bytes span several tokens: held back, then released
+    assert "" in pieces

@@ -1,6 +1,5 @@
 """The pictures show the state they claim to: one cell per frame, the right owner and
-ref count,
-one arrow per logical block to its frame."""
+ref count, one arrow per logical block to its frame."""
 
 import re
 
@@ -10,8 +9,7 @@ from minipaged.tools.viz import FrameMap, PageTableView
 
 def forked_manager(num_blocks: int = 12) -> BlockManager:
     """a and b share two full blocks and have private last blocks; c shares a's first
-    block;
-    d was freed, leaving one cached block."""
+    block; d was freed, leaving one cached block."""
     manager = BlockManager(num_blocks=num_blocks, block_size=4)
     manager.allocate("a", range(10))  # frames 0, 1, 2
     manager.fork("a", "b")
@@ -54,9 +52,8 @@ def test_frame_map_wraps_rows_at_per_row():
 
 def test_frame_map_html_is_an_svg_with_a_rect_and_a_tooltip_per_frame():
     html = FrameMap(forked_manager())._repr_html_()
-    assert (
-        html.count("<svg") == 2 and html.count("<rect") == 12
-    )  # the figure, the cells drawn in it
+    # the figure, the cells drawn in it
+    assert html.count("<svg") == 2 and html.count("<rect") == 12
     tooltips = re.findall(r"<title>(.*?)</title>", html)
     assert (
         tooltips[0]
@@ -117,9 +114,7 @@ def test_a_swapped_out_page_table_lists_its_host_frames():
         lines[0] == "page table of 'a': 6 tokens in 2 blocks (swapped out: host frames)"
     )
     assert lines[1].split()[-2:] == ["shared", "×2"]  # b maps the same host frames
-    title, row, legend = str(
-        FrameMap(manager)
-    ).splitlines()  # no device frame is theirs now;
-    assert row.split()[1:] == ["c", ".", ".", "."] and legend.startswith(
-        "2-9 = shared"
-    )  # the full one is cached
+    # no device frame is theirs now;
+    title, row, legend = str(FrameMap(manager)).splitlines()
+    # the full one is cached
+    assert row.split()[1:] == ["c", ".", ".", "."] and legend.startswith("2-9 = shared")

@@ -1,6 +1,5 @@
 """The charts draw the numbers they are given: bar lengths and point positions in
-proportion,
-one mark per value, and standalone SVG files that parse as XML."""
+proportion, one mark per value, and standalone SVG files that parse as XML."""
 
 import xml.etree.ElementTree as ET
 from types import SimpleNamespace
@@ -63,9 +62,8 @@ def test_bar_svg_has_a_rect_per_value_with_widths_in_proportion():
     percent = [20, 0, 80, 98, 2, 0]  # the longest bar, 100%, is BAR_W px
     assert widths == pytest.approx([BAR_W * p / 100 for p in percent], abs=0.05)
     x = [float(r.get("x")) for r in rects]
-    assert (
-        x[1] == x[0] + widths[0] and x[2] == x[0] + widths[0]
-    )  # segments stack left to right
+    # segments stack left to right
+    assert x[1] == x[0] + widths[0] and x[2] == x[0] + widths[0]
 
 
 def test_bar_chart_refuses_values_it_cannot_draw():
@@ -127,9 +125,8 @@ def test_line_svg_places_points_by_value_with_log_x_evenly_spaced():
     assert len(lines) == 2 and len(root.findall(f"{SVG}g/{SVG}circle")) == 10
     points = [tuple(map(float, p.split(","))) for p in lines[1].get("points").split()]
     xs, ys = zip(*points)
-    assert [round(b - a, 6) for a, b in zip(xs, xs[1:])] == [
-        PLOT_W / 4
-    ] * 4  # powers of two, evenly
+    # powers of two, evenly
+    assert [round(b - a, 6) for a, b in zip(xs, xs[1:])] == [PLOT_W / 4] * 4
     grid = sorted(
         float(line.get("y1"))
         for line in root.findall(f"{SVG}line")
@@ -164,12 +161,10 @@ def test_the_svg_of_a_frame_map_has_its_title_picture_and_legend():
     assert texts[0] == picture.title()
     legend = str(picture).splitlines()[-2:]
     entries = [entry for line in texts[1:] for entry in line.split("  ")]
-    assert entries == [
-        entry for line in legend for entry in line.split("  ")
-    ]  # the legend, no entry cut
-    assert all(len(line) <= 60 for line in texts[1:]) and len(texts[1:]) > len(
-        legend
-    )  # wrapped to fit
+    # the legend, no entry cut
+    assert entries == [entry for line in legend for entry in line.split("  ")]
+    # wrapped to fit
+    assert all(len(line) <= 60 for line in texts[1:]) and len(texts[1:]) > len(legend)
     inner = root.find(f"{SVG}svg")
     assert len(inner.findall(f"{SVG}g/{SVG}rect")) == 8  # the frame map itself
     assert float(root.get("width")) >= float(inner.get("width"))
@@ -210,9 +205,8 @@ def test_every_picture_is_drawn_for_a_projector():
     """Text of at least 14 px (the labels FONT px), and drawn wide enough to be shown
     large; it
     shrinks to fit a narrower page (viewBox and max-width), so nothing is cut off."""
-    report = SimpleNamespace(
-        ran=[("r0", 0, "prefill", 5)], padded=[], preempted=[]
-    )  # what Timeline reads
+    # what Timeline reads
+    report = SimpleNamespace(ran=[("r0", 0, "prefill", 5)], padded=[], preempted=[])
     pictures = [
         breakdown(),
         block_sizes(),

@@ -58,9 +58,8 @@ def _fp8_e4m3_values() -> np.ndarray:
     sign = np.where(bits & 0x80, -1.0, 1.0)
     exponent, mantissa = (bits >> 3) & 0xF, bits & 0x7
     normal = (1 + mantissa / 8) * 2.0 ** (exponent - 7)
-    values = sign * np.where(
-        exponent == 0, mantissa / 8 * 2.0**-6, normal
-    )  # 0: subnormals
+    # 0: subnormals
+    values = sign * np.where(exponent == 0, mantissa / 8 * 2.0**-6, normal)
     values[(bits & 0x7F) == 0x7F] = np.nan
     return values.astype(np.float32)
 
@@ -107,19 +106,18 @@ class FP8:
 
 
 INT8, FP8_E4M3 = Int8(), FP8()
-CODECS = {
-    codec.name: codec for codec in (INT8, FP8_E4M3)
-}  # kv_cache_dtype -> the built-in codec
+# kv_cache_dtype -> the built-in codec
+CODECS = {codec.name: codec for codec in (INT8, FP8_E4M3)}
+# storage dtype -> the largest code
 CODE_MAX = {
     INT8.dtype: 127.0,
     FP8_E4M3.dtype: FP8.code_max,
-}  # storage dtype -> the largest code
+}
 
 
 def codec_for(dtype, codec=None):
     """The codec of an 8-bit cache: `codec` when given (the KVCache's own), else the
-    built-in one
-    of its storage dtype (int8: Int8; uint8: FP8)."""
+    built-in one of its storage dtype (int8: Int8; uint8: FP8)."""
     if codec is not None:
         return codec
     dtype = np.dtype(dtype)

@@ -20,8 +20,7 @@ OPTIONS = ("-std=c++17",)
 def _kernel(name: str) -> cupy.RawKernel:
     """The kernel instance `name` (a name expression such as "paged_attention_v5<__half,
     64, 3>"), compiled by cupy.RawModule at its first launch; CuPy keeps the binary in
-    its on-disk cache,
-    so later runs only load it."""
+    its on-disk cache, so later runs only load it."""
     source = kernels.SOURCES[kernels.source_of(name)].read_text()
     module = cupy.RawModule(code=source, options=OPTIONS, name_expressions=(name,))
     return module.get_function(name)
@@ -42,9 +41,8 @@ def launcher() -> kernels.Launcher:
             "minipaged.attention.cuda needs a CUDA device; on a CPU use "
             "minipaged.attention.reference (or .emulated, the kernels' own code)"
         )
-    num_sms = cupy.cuda.Device().attributes[
-        "MultiProcessorCount"
-    ]  # feeds the decode version rule
+    # feeds the decode version rule
+    num_sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     return kernels.Launcher(launch=_launch, xp=cupy, num_sms=num_sms)
 
 

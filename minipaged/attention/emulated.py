@@ -22,9 +22,8 @@ import numpy as np
 from . import kernels
 
 SHIM_DIR = kernels.CUDA_DIR / "emulate"
-OPTIMIZE = (
-    ["-O0", "-g"] if os.environ.get("MINIPAGED_EMULATE_DEBUG") else ["-O2"]
-)  # -g: for gdb
+# -g: for gdb
+OPTIMIZE = ["-O0", "-g"] if os.environ.get("MINIPAGED_EMULATE_DEBUG") else ["-O2"]
 # g++ or clang++ (CXX chooses). macOS: Xcode's clang, a .dylib, and ucontext's
 # deprecation quiet.
 if sys.platform == "darwin":
@@ -90,8 +89,7 @@ def library(source: Path, names: tuple[str, ...]) -> ctypes.CDLL:
 @functools.cache
 def compiler_version() -> str:
     """The first line of `$CXX --version`: g++ and clang++ builds (or two versions of
-    one) are
-    cached apart."""
+    one) are cached apart."""
     if sys.platform == "win32":
         raise RuntimeError(
             "the emulated kernels run each CUDA thread as a POSIX ucontext fiber, "
@@ -172,9 +170,8 @@ def _launch(name: str, grid: tuple, block: tuple, args: tuple) -> None:
     launch_on(compiled, name, grid, block, args)
 
 
-LAUNCHER = kernels.Launcher(
-    launch=_launch, xp=np, num_sms=NUM_SMS
-)  # the CPU, posing as an H200
+# the CPU, posing as an H200
+LAUNCHER = kernels.Launcher(launch=_launch, xp=np, num_sms=NUM_SMS)
 
 write_kv, copy_blocks = LAUNCHER.write_kv, LAUNCHER.copy_blocks
 decode, prefill = LAUNCHER.decode, LAUNCHER.prefill

@@ -27,13 +27,11 @@ HEAD_DIMS = (64, 128)  # the head sizes the kernels are instantiated for
 MAX_Q_PER_KV = 8  # v5 and v6 are instantiated for GQA groups of 1..8 query heads
 PARTITION_SIZE = 512  # v6: tokens per partition of a context
 VERSIONS = (1, 2, 3, 4, 5, 6)  # over a float32/float16 cache
-CODED_VERSION = (
-    7  # over an 8-bit (int8) cache and its fp16 scales: v5 decoding in registers
-)
+# over an 8-bit (int8) cache and its fp16 scales: v5 decoding in registers
+CODED_VERSION = 7
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "__half"}
-CODE_CTYPE = (  # an 8-bit cache's codes: copy_blocks copies their bytes as they are
-    "signed char"
-)
+# an 8-bit cache's codes: copy_blocks copies their bytes as they are
+CODE_CTYPE = "signed char"
 
 
 # ---- names ---------------------------------------------------------------------------
@@ -131,8 +129,7 @@ def _check_cache(cache, q_dtype=None, codes: bool = False) -> None:
 
 def _layout(q, k_cache, coded: bool = False) -> tuple[int, int, int]:
     """block_size, num_kv_heads and q_per_kv of a call, once q and the cache are checked
-    (an
-    8-bit cache, `coded`, by _check_coded before; then q is float32 or float16)."""
+    (an 8-bit cache, `coded`, by _check_coded before; then q is float32 or float16)."""
     if coded:
         if np.dtype(q.dtype) not in CTYPES:
             raise ValueError(f"q must be float32 or float16; got {q.dtype}")
@@ -211,8 +208,7 @@ def _check_coded(k_cache, v_cache, k_scales, v_scales) -> None:
 class Launcher:
     """The contract's functions on one device. `launch(name, grid, block, args)` starts
     the kernel instance `name` (a name expression such as "paged_attention_v5<float, 64,
-    3>"); `xp`
-    allocates the buffers; `num_sms` feeds the decode version rule."""
+    3>"); `xp` allocates the buffers; `num_sms` feeds the decode version rule."""
 
     launch: Callable[[str, tuple, tuple, tuple], None]
     xp: ModuleType  # numpy or cupy
@@ -301,8 +297,7 @@ class Launcher:
 
     def copy_blocks(self, k_cache, v_cache, pairs) -> None:
         """cache_ops.cu copy_blocks: one block per (src, dst) pair. An 8-bit cache's
-        codes are
-        copied as bytes (its scales are copied by KVCache.apply, beside)."""
+        codes are copied as bytes (its scales are copied by KVCache.apply, beside)."""
         _check_cache(k_cache, codes=True)
         coded = np.dtype(k_cache.dtype) == np.int8
         pairs = _i32(self.xp, pairs).reshape(-1, 2)
@@ -333,8 +328,7 @@ class Launcher:
     ):
         """One query per sequence, by decode version 1..6 (None: pick_version's choice);
         partition_size is v6's. With scales (an 8-bit cache, codec None or "int8"),
-        version 7
-        (decode_coded)."""
+        version 7 (decode_coded)."""
         xp = self.xp
         if _is_coded(codec, k_scales):
             if version not in (None, CODED_VERSION):
@@ -356,9 +350,8 @@ class Launcher:
         num_seqs, num_heads, head_dim = q.shape
         block_tables, context_lens = _i32(xp, block_tables), _i32(xp, context_lens)
         max_blocks = block_tables.shape[1]
-        max_context = (
-            max_blocks * block_size
-        )  # a bound known without reading context_lens
+        # a bound known without reading context_lens
+        max_context = max_blocks * block_size
         if version is None:
             version = pick_version(
                 num_seqs, num_kv_heads, q_per_kv, max_context, self.num_sms

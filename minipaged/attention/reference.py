@@ -55,17 +55,15 @@ def write_kv(
     """Store each new token's K and V rows in its slot = frame * block_size + offset; -1
     skips. Read as (num_blocks * block_size, kvh, hd), a view of the contiguous cache,
     row `slot` is that slot. With scales (an 8-bit cache), the rows are coded
-    (write_coded) by `codec` (None:
-    the built-in one of the cache's dtype)."""
+    (write_coded) by `codec` (None: the built-in one of the cache's dtype)."""
     slots = np.asarray(slot_mapping)
     keep = slots >= 0
     if k_scales is not None:
         write_coded(np.asarray(k)[keep], k_cache, k_scales, slots[keep], codec)
         write_coded(np.asarray(v)[keep], v_cache, v_scales, slots[keep], codec)
         return
-    k_cache.reshape(-1, *k_cache.shape[2:])[slots[keep]] = k[
-        keep
-    ]  # (kept tokens, kvh, hd)
+    # (kept tokens, kvh, hd)
+    k_cache.reshape(-1, *k_cache.shape[2:])[slots[keep]] = k[keep]
     v_cache.reshape(-1, *v_cache.shape[2:])[slots[keep]] = v[keep]
 
 
@@ -88,24 +86,20 @@ def gather(
     by `codec` (None: the dtype's).
     """
     num_seqs, block_size = len(context_lens), cache.shape[1]
-    frames = np.asarray(block_tables)[
-        :, : cdiv(num_positions, block_size)
-    ]  # (num_seqs, frames)
-    used = cache[
-        :, : min(block_size, num_positions)
-    ]  # a frame bigger than the context: only its start
+    # (num_seqs, frames)
+    frames = np.asarray(block_tables)[:, : cdiv(num_positions, block_size)]
+    # a frame bigger than the context: only its start
+    used = cache[:, : min(block_size, num_positions)]
     rows = used[np.maximum(frames, 0)]  # -1 padding: any frame, zeroed below
     if scales is not None:  # (num_seqs, frames, block_size, kvh)
         rows = decode_codes(
             rows, scales[:, : rows.shape[2]][np.maximum(frames, 0)], codec
         )
-    rows = rows.reshape(num_seqs, -1, *cache.shape[2:])[
-        :, :num_positions
-    ]  # (num_seqs, positions, kvh, hd)
+    # (num_seqs, positions, kvh, hd)
+    rows = rows.reshape(num_seqs, -1, *cache.shape[2:])[:, :num_positions]
     rows = rows.astype(np.float32, copy=False)
-    rows[np.arange(num_positions) >= np.asarray(context_lens)[:, None]] = (
-        0  # rows is a copy: zero in place
-    )
+    # rows is a copy: zero in place
+    rows[np.arange(num_positions) >= np.asarray(context_lens)[:, None]] = 0
     return rows
 
 
@@ -128,9 +122,8 @@ def attend(q, keys, values, visible, scale) -> np.ndarray:
     k = keys.transpose(0, 2, 3, 1)  # (S, kvh, hd, positions), a view
     v = values.transpose(0, 2, 1, 3)  # (S, kvh, positions, hd), a view
     logits = (q @ k).reshape(num_seqs, num_kv_heads, group, num_queries, -1) * scale
-    logits = np.where(
-        visible[:, None, None], logits, -np.inf
-    )  # (S, kvh, group, queries, positions)
+    # (S, kvh, group, queries, positions)
+    logits = np.where(visible[:, None, None], logits, -np.inf)
     p = np.exp(logits - logits.max(axis=-1, keepdims=True))
     out = p.reshape(num_seqs, num_kv_heads, group * num_queries, -1) @ v
     out = out.reshape(p.shape[:-1] + (head_dim,)) / p.sum(axis=-1, keepdims=True)
@@ -156,9 +149,8 @@ def decode(
     num_positions = int(context_lens.max(initial=0))
     keys = gather(k_cache, block_tables, context_lens, num_positions, k_scales, codec)
     values = gather(v_cache, block_tables, context_lens, num_positions, v_scales, codec)
-    visible = (
-        np.arange(num_positions) < context_lens[:, None, None]
-    )  # (S, 1, positions)
+    # (S, 1, positions)
+    visible = np.arange(num_positions) < context_lens[:, None, None]
     return attend(q[:, None], keys, values, visible, scale)[:, 0].astype(q.dtype)
 
 
@@ -176,19 +168,16 @@ def prefill(
 ) -> np.ndarray:
     """Many queries per sequence: rows query_start_loc[i]:query_start_loc[i+1] of q are
     the last query_len of sequence i's context_lens[i] tokens; the query at position p
-    sees 0..p (causal).
-    q (num_tokens, num_heads, head_dim) -> the same shape."""
+    sees 0..p (causal). q (num_tokens, num_heads, head_dim) -> the same shape."""
     out = np.empty_like(q)
     for i, context_len in enumerate(np.asarray(context_lens)):
         start, end = query_start_loc[i], query_start_loc[i + 1]
         table = np.asarray(block_tables)[i : i + 1]
-        keys = gather(
-            k_cache, table, [context_len], context_len, k_scales, codec
-        )  # (1, context_len, kvh, hd)
+        # (1, context_len, kvh, hd)
+        keys = gather(k_cache, table, [context_len], context_len, k_scales, codec)
         values = gather(v_cache, table, [context_len], context_len, v_scales, codec)
-        positions = (
-            context_len - (end - start) + np.arange(end - start)
-        )  # of the queries
+        # of the queries
+        positions = context_len - (end - start) + np.arange(end - start)
         visible = np.arange(context_len) <= positions[:, None]  # (queries, context_len)
         out[start:end] = attend(q[None, start:end], keys, values, visible[None], scale)[
             0

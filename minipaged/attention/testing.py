@@ -20,19 +20,16 @@ class AttentionCase:
     v_cache: np.ndarray
     block_tables: np.ndarray  # int32 (num_seqs, max_blocks), padded with -1
     context_lens: np.ndarray  # int32 (num_seqs,)
-    query_start_loc: (
-        np.ndarray
-    )  # int32 (num_seqs + 1,): sequence i's queries are rows [i]:[i+1]
-    keys: list[
-        np.ndarray
-    ]  # per sequence (context_len, num_kv_heads, head_dim), unpaged
+    # int32 (num_seqs + 1,): sequence i's queries are rows [i]:[i+1]
+    query_start_loc: np.ndarray
+    # per sequence (context_len, num_kv_heads, head_dim), unpaged
+    keys: list[np.ndarray]
     values: list[np.ndarray]
     scale: float
 
     def args(self, xp=np, prefill: bool = False) -> tuple:
         """The arguments of decode (or prefill) in the module xp (numpy or cupy); on a
-        device
-        the caches keep the poisoned frame on either side."""
+        device the caches keep the poisoned frame on either side."""
 
         def move(cache):
             return (

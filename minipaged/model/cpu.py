@@ -35,9 +35,8 @@ def fit_blas_threads(samples: int = 5) -> int:
     from threadpoolctl import threadpool_limits
 
     most = blas_threads_at_start()
-    if (
-        most == 0
-    ):  # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
+    # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
+    if most == 0:
         return 1
     busy = busy_cores(samples)
     threads = max(1, min(most, len(_usable_cores()) - busy))
@@ -135,8 +134,7 @@ _cores = _Cores()
 def follow_machine_load() -> int:
     """The cores to use now (see _Cores); BLAS's own thread count is kept equal to it.
     Called between steps (`Model.follow_machine_load`, before each step), never inside a
-    forward:
-    most calls only read the clock (under 1 us)."""
+    forward: most calls only read the clock (under 1 us)."""
     _cores.follow()
     return _cores.now
 
@@ -193,9 +191,8 @@ def _blas_controllers():
 
 # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
 PANEL = 32
-GEMM_ROWS = (
-    64  # from this many rows on, packing pays for itself: one GEMM on the whole matrix
-)
+# from this many rows on, packing pays for itself: one GEMM on the whole matrix
+GEMM_ROWS = 64
 
 
 def projection_path(rows: int) -> str:
@@ -211,27 +208,22 @@ def projection_path(rows: int) -> str:
 class PanelWeight:
     """An (in, out) weight matrix kept as (out, in) rows, read as panels of PANEL rows,
     for CPU decoding; `x @ w` works as on an array (the model's code does not change)
-    and returns an
-    ndarray (rows, out)."""
+    and returns an ndarray (rows, out)."""
 
-    __array_ufunc__ = (
-        None  # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
-    )
+    # `x @ w` with an ndarray x calls our __rmatmul__, not NumPy's
+    __array_ufunc__ = None
 
     def __init__(self, array: np.ndarray):
         rows, cols = array.shape
         padded = cdiv(cols, PANEL) * PANEL
-        if (
-            padded != cols
-        ):  # a last, narrower panel is padded with zeros, cut off after the product
+        # a last, narrower panel is padded with zeros, cut off after the product
+        if padded != cols:
             array = np.pad(array, ((0, 0), (0, padded - cols)))
         self.shape, self.dtype = (rows, cols), array.dtype
-        self.out_rows = np.ascontiguousarray(
-            array.T
-        )  # (out, in): no copy for a Hugging Face weight's .T
-        self.panels = self.out_rows.reshape(
-            padded // PANEL, PANEL, rows
-        )  # (out/PANEL, PANEL, in), a view
+        # (out, in): no copy for a Hugging Face weight's .T
+        self.out_rows = np.ascontiguousarray(array.T)
+        # (out/PANEL, PANEL, in), a view
+        self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)
 
     @property
     def nbytes(self) -> int:
@@ -248,14 +240,12 @@ class PanelWeight:
             )
         if projection_path(len(x)) == "panels":
             return self.by_panels(x)
-        return (
-            x @ self.dense()
-        )  # BLAS: its matrix-vector code for one row, its GEMM for many
+        # BLAS: its matrix-vector code for one row, its GEMM for many
+        return x @ self.dense()
 
     def by_panels(self, x: np.ndarray, cores: int | None = None) -> np.ndarray:
         """x @ w as one small product per panel, the panels split over `cores` threads
-        (default:
-        the cores free now)."""
+        (default: the cores free now)."""
         out = np.empty(
             (len(self.panels), len(x), PANEL), dtype=np.result_type(x, self.dtype)
         )
@@ -304,8 +294,7 @@ def panels_pay() -> bool:
 
 def _split(work, n: int, cores: int) -> None:
     """Runs work(lo, hi) over [0, n) in one piece per core: the others in a thread pool
-    (NumPy
-    releases the GIL inside BLAS), the first in this thread."""
+    (NumPy releases the GIL inside BLAS), the first in this thread."""
     parts = min(cores, n)
     bounds = [n * i // parts for i in range(parts + 1)]
     futures = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]

@@ -21,8 +21,7 @@ from minipaged.model.weights import load_weights
 
 class Attention(Protocol):
     """What each layer hands its q, k, v to: a contiguous cache in
-    `minipaged.model.oracle`, the
-    paged cache in the engine."""
+    `minipaged.model.oracle`, the paged cache in the engine."""
 
     def __call__(self, layer: int, q, k, v):
         """q (T, heads, head_dim), k/v (T, kv_heads, head_dim) after RoPE -> (T, heads,
@@ -40,9 +39,8 @@ class Layer:
     wo: object  # (q_size, hidden)
     bo: object | None  # (hidden,) for Llama with attention_bias, else None
     post_norm: object  # (hidden,)
-    w_gate_up: (
-        object  # (hidden, 2 * intermediate): gate and up projections side by side
-    )
+    # (hidden, 2 * intermediate): gate and up projections side by side
+    w_gate_up: object
     w_down: object  # (intermediate, hidden)
 
 
@@ -70,9 +68,10 @@ class Model:
         def put(array):  # host array -> device array of the model's dtype
             return xp.asarray(np.ascontiguousarray(array, dtype=self.dtype))
 
+        # Hugging Face stores (out, in); concatenate outputs, then transpose
         def in_out(
             *names,
-        ):  # Hugging Face stores (out, in); concatenate outputs, then transpose
+        ):
             return cpu.projection_weight(
                 np.concatenate([get(n) for n in names], axis=0).T, xp, self.dtype
             )
@@ -106,9 +105,8 @@ class Model:
             if config.tie_word_embeddings
             else "lm_head.weight"
         )
-        self.lm_head = cpu.projection_weight(
-            get(lm_head).T, xp, self.dtype
-        )  # (hidden, vocab)
+        # (hidden, vocab)
+        self.lm_head = cpu.projection_weight(get(lm_head).T, xp, self.dtype)
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
 
     @classmethod
@@ -119,15 +117,13 @@ class Model:
     def forward(self, token_ids, positions, attention: Attention, logits_indices=None):
         """token_ids, positions: int (T,) -> float32 logits (len(logits_indices) or T,
         vocab). All sequences of a step are flattened into one (T, hidden) matrix, so
-        every projection
-        is one 2-D matmul whatever the batch."""
+        every projection is one 2-D matmul whatever the batch."""
         xp, c = self.xp, self.config
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]
         cos, sin = self.rope(positions)  # (T, 1, head_dim / 2) each
-        h = self.embed[token_ids].astype(
-            xp.float32
-        )  # (T, hidden) residual stream, fp32
+        # (T, hidden) residual stream, fp32
+        h = self.embed[token_ids].astype(xp.float32)
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, c.rms_norm_eps, self.dtype)  # (T, hidden)
             qkv = x @ layer.wqkv  # (T, q_size + 2 kv_size)
@@ -141,9 +137,8 @@ class Model:
             v = qkv[:, c.q_size + c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
             o = attention(i, q, k, v)  # (T, heads, head_dim)
             o = o.reshape(T, c.q_size) @ layer.wo  # (T, hidden)
-            h += (
-                o if layer.bo is None else o + layer.bo
-            )  # h is float32: NumPy converts as it adds
+            # h is float32: NumPy converts as it adds
+            h += o if layer.bo is None else o + layer.bo
             x = rms_norm(h, layer.post_norm, c.rms_norm_eps, self.dtype)
             gate_up = x @ layer.w_gate_up  # (T, 2 intermediate)
             gate, up = (
@@ -185,8 +180,7 @@ def apply_rope(x, cos, sin):
     layout).
 
     x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2). Computed in float32;
-    returned in
-    x's dtype."""
+    returned in x's dtype."""
     xp = array_module(x)
     half = x.shape[-1] // 2
     x1, x2 = (

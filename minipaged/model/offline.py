@@ -145,8 +145,7 @@ def convert_gguf(gguf_path: Path, folder: Path) -> Path:
 
 def publish(partial: Path, folder: Path) -> Path:
     """Rename a finished conversion into place: it appears whole or not at all. If
-    another
-    process's conversion got there first, keep that one and remove ours."""
+    another process's conversion got there first, keep that one and remove ours."""
     try:
         partial.replace(folder)
     except OSError:

@@ -74,14 +74,12 @@ def causal_attention(q, k, v, q_start: int):
     n, H, D = q.shape
     L, KVH, _ = k.shape
     G = H // KVH
-    qg = (
-        q.reshape(n, KVH, G, D).transpose(1, 2, 0, 3).astype(xp.float32)
-    )  # (KVH, G, n, D)
+    # (KVH, G, n, D)
+    qg = q.reshape(n, KVH, G, D).transpose(1, 2, 0, 3).astype(xp.float32)
     kt = k.transpose(1, 2, 0)[:, None].astype(xp.float32)  # (KVH, 1, D, L)
     scores = (qg @ kt) * (1.0 / math.sqrt(D))  # (KVH, G, n, L)
-    visible = (
-        xp.arange(L)[None, :] <= (q_start + xp.arange(n))[:, None]
-    )  # (n, L) causal
+    # (n, L) causal
+    visible = xp.arange(L)[None, :] <= (q_start + xp.arange(n))[:, None]
     scores = xp.where(visible, scores, -xp.inf)
     scores = xp.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
@@ -97,8 +95,7 @@ def greedy_generate(
     max_len: int | None = None,
 ) -> list[int]:
     """Greedy tokens for one prompt, run alone with a contiguous cache: the oracle, what
-    the
-    equivalence tests compare the engine's tokens against."""
+    the equivalence tests compare the engine's tokens against."""
     xp = model.xp
     max_len = max_len or len(prompt_ids) + max_tokens
     cache = ContiguousKVCache(model.config, 1, max_len, xp, model.dtype)

@@ -25,9 +25,8 @@ class Tokenizer:
         self.hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
-        self.config = (
-            config  # tokenizer_config.json as read (the server's /tokenizer_info)
-        )
+        # tokenizer_config.json as read (the server's /tokenizer_info)
+        self.config = config
         self.special_tokens = {
             key: _content(config.get(key))
             for key in ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -35,9 +34,8 @@ class Tokenizer:
         template = config.get("chat_template")
         if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
             template = {t["name"]: t["template"] for t in template}.get("default")
-        if (
-            folder / "chat_template.jinja"
-        ).exists():  # newer repos keep it in its own file
+        # newer repos keep it in its own file
+        if (folder / "chat_template.jinja").exists():
             template = (folder / "chat_template.jinja").read_text()
         self.chat_template = template
         self._template = _compile(template) if template else None
@@ -136,9 +134,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
-        self.prefix_offset = (
-            0  # window start: context that makes the next decode correct
-        )
+        # window start: context that makes the next decode correct
+        self.prefix_offset = 0
         self.read_offset = 0  # ids up to here have been emitted as text
         self.text = ""
 

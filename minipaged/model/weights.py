@@ -47,9 +47,8 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
     try:
         return check_folder(Path(_hub_snapshot(model)))
     except Exception as error:  # offline, unknown id, gated repo: fall back or explain
-        if (
-            model != DEFAULT_MODEL
-        ):  # one message; the hub's chain of exceptions says no more
+        # one message; the hub's chain of exceptions says no more
+        if model != DEFAULT_MODEL:
             raise FileNotFoundError(
                 f"model {model!r} is not a local folder, and {_hub_trouble(error)}: "
                 "check the name, or pass a folder holding config.json, "

@@ -38,8 +38,7 @@ def check_size(name: str, value: int, minimum: int = 1) -> int:
 class BlockAllocator:
     """Hands out frames 0..num_blocks-1 and counts how many block tables map each one.
     With prefix caching on, a frame whose ref count falls to 0 stays findable by content
-    until its
-    memory is needed."""
+    until its memory is needed."""
 
     def __init__(
         self,
@@ -86,8 +85,7 @@ class BlockAllocator:
 
     def incref(self, frame: int) -> None:
         """One more block table maps `frame` (fork, or a prefix-cache hit, which may
-        take a
-        cached frame nobody mapped out of the LRU)."""
+        take a cached frame nobody mapped out of the LRU)."""
         self._check_frame(frame)
         if self.ref_counts[frame] == 0:
             if not (self.prefix_cache and self.prefix_cache.is_parked(frame)):
@@ -100,8 +98,7 @@ class BlockAllocator:
 
     def free(self, frame: int) -> None:
         """One block table fewer maps `frame`; at 0 it goes back to the pool (or to the
-        LRU
-        of the prefix cache, when the cache knows its content)."""
+        LRU of the prefix cache, when the cache knows its content)."""
         self._check_frame(frame)
         if self.ref_counts[frame] == 0:
             raise ValueError(

@@ -23,13 +23,11 @@ class BlockTable:
 
     allocator: BlockAllocator  # the pool its frames live in
     frames: list[int] = field(default_factory=list)  # logical block -> frame
-    token_ids: list[int] = field(
-        default_factory=list
-    )  # the tokens whose K and V it holds
+    # the tokens whose K and V it holds
+    token_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # one per full block, chained
-    guesses: int = (
-        0  # slots after token_ids held for guessed tokens (speculative decoding)
-    )
+    # slots after token_ids held for guessed tokens (speculative decoding)
+    guesses: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -71,8 +69,7 @@ class BlockTable:
     def settle_guesses(self, accepted: list[int]) -> None:
         """The model checked the guesses: the first len(accepted) were right and hold
         these tokens; the other slots are rolled back. Blocks that are now full of
-        accepted tokens
-        are named for the prefix cache only now."""
+        accepted tokens are named for the prefix cache only now."""
         assert len(accepted) <= self.guesses, "more accepted tokens than guessed slots"
         self.truncate(len(self.token_ids) + len(accepted))
         self.guesses = 0
@@ -101,15 +98,13 @@ class BlockTable:
             and cache is not None
             and self.allocator.ref_count(self.frames[-1]) == 1
         ):
-            cache.forget(
-                self.frames[-1]
-            )  # a named block cut short: its tail will be written again
+            # a named block cut short: its tail will be written again
+            cache.forget(self.frames[-1])
         del self.block_hashes[num_tokens // block_size :]
 
     def _make_room(self) -> CowPair | None:
         """Before a slot is written: a new frame if the last is full (demand paging), or
-        a
-        private copy if the last is shared (copy-on-write)."""
+        a private copy if the last is shared (copy-on-write)."""
         if self.num_tokens % self.allocator.block_size == 0:
             self.frames.append(self.allocator.allocate())
         elif self.last_frame_shared():

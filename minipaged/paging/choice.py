@@ -25,8 +25,7 @@ def make_block_manager(
 ) -> BlockManager:
     """Paged memory (with `tier_frames`, a tier behind its prefix cache); or Orca's
     contiguous chunks (first fit); or for static batching on paged memory the baseline
-    before both: one
-    region of max_model_len slots per sequence."""
+    before both: one region of max_model_len slots per sequence."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     if allocator != "paged":

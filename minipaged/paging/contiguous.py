@@ -28,9 +28,10 @@ class ChunkAllocator:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = check_size("num_blocks", num_blocks, minimum=0)
         self.block_size = check_size("block_size", block_size)
+        # (start, length)
         self.gaps: list[tuple[int, int]] = (
             [(0, self.num_blocks)] if self.num_blocks else []
-        )  # (start, length)
+        )
         self.ref_counts = np.zeros(self.num_blocks, dtype=np.int32)  # (num_blocks,)
         self.prefix_cache = None
         self.num_free = self.num_blocks  # frames in no chunk
@@ -94,9 +95,8 @@ class ChunkTable(BlockTable):
     final_len: int = 0  # tokens the sequence may grow to (what the chunk was sized for)
 
     def append_slot(self, token_id: int):
-        if (
-            self.num_tokens % self.allocator.block_size == 0
-        ):  # the next frame of its own chunk
+        # the next frame of its own chunk
+        if self.num_tokens % self.allocator.block_size == 0:
             if len(self.frames) == self.size:
                 raise NoFreeFramesError(f"the chunk of {self.size} frames is full")
             self.frames.append(self.allocator.map(self.start + len(self.frames)))
@@ -144,9 +144,8 @@ class ContiguousBlockManager(BlockManager):
                 f"reservation must be one of {RESERVATIONS}, got {reservation!r}"
             )
         self.device = ChunkAllocator(num_blocks, block_size)
-        self.host = BlockAllocator(
-            0, block_size
-        )  # no swap: a reserved chunk never grows
+        # no swap: a reserved chunk never grows
+        self.host = BlockAllocator(0, block_size)
         self.block_size, self.tables = self.device.block_size, {}
         self.reservation, self.max_model_len = (
             reservation,
@@ -170,9 +169,8 @@ class ContiguousBlockManager(BlockManager):
     def can_reserve(self, num_frames: int) -> bool:
         if num_frames <= self.device.largest_gap():
             return True
-        self.refusals += (
-            num_frames <= self.device.num_free
-        )  # free in all, not in one piece
+        # free in all, not in one piece
+        self.refusals += num_frames <= self.device.num_free
         return False
 
     def allocate(

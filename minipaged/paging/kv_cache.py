@@ -67,8 +67,7 @@ def storage_dtype(storage) -> np.dtype:
 
 def check_codec(codec):
     """A codec of one's own, returned when it has every part (CODEC_PARTS: methods
-    callable) and
-    stores one byte a number; else a ValueError saying what is missing."""
+    callable) and stores one byte a number; else a ValueError saying what is missing."""
     missing = [part for part in CODEC_PARTS if not hasattr(codec, part)]
     missing += [
         part
@@ -220,9 +219,8 @@ class KVCache:
     ):
         self.device = resolve_device(device)
         self.xp = get_xp(self.device)
-        self.codec = (
-            dtype if is_codec(dtype) else None
-        )  # None: the built-in codec of an 8-bit dtype
+        # None: the built-in codec of an 8-bit dtype
+        self.codec = dtype if is_codec(dtype) else None
         self.dtype = storage_dtype(dtype or default_dtype(self.device))
         layers = check_size("num_layers", num_layers)
         num_blocks = check_size("num_blocks", num_blocks, minimum=0)
@@ -246,9 +244,8 @@ class KVCache:
         self.tier, self.tier_file = make_tier(
             (2, layers, num_tier_blocks, *frame), self.dtype, tier_path
         )
-        rows = (
-            frame[:2] if is_coded(self.dtype) else (block_size, 0)
-        )  # (K/V, layers, frames, block_size, kv_heads)
+        # (K/V, layers, frames, block_size, kv_heads)
+        rows = frame[:2] if is_coded(self.dtype) else (block_size, 0)
         self.scales = self.xp.zeros((2, layers, num_blocks, *rows), dtype=np.float16)
         self.host_scales = np.zeros(
             (2, layers, num_host_blocks, *rows), dtype=np.float16
@@ -346,20 +343,17 @@ class KVCache:
         """Make one step's MemoryMoves before its forward pass, in their order: swap
         out, the tier's stores and loads, swap in, then copy-on-write with
         `copy_blocks(k_cache, v_cache, pairs)` of the attention implementation, layer by
-        layer (on a GPU, the copy_blocks
-        kernel of cuda/cache_ops.cu)."""
+        layer (on a GPU, the copy_blocks kernel of cuda/cache_ops.cu)."""
         self.swap_out(moves.swap_out)
         self.move_tier(moves.tier)
         self.swap_in(moves.swap_in)
         if moves.copies:
-            pairs = self.xp.asarray(
-                moves.copies, dtype=self.xp.int32
-            )  # (num_copies, 2)
+            # (num_copies, 2)
+            pairs = self.xp.asarray(moves.copies, dtype=self.xp.int32)
             for layer in range(self.data.shape[1]):
                 copy_blocks(self.k[layer], self.v[layer], pairs)
-            self.scales[:, :, pairs[:, 1]] = self.scales[
-                :, :, pairs[:, 0]
-            ]  # a copy keeps its scales
+            # a copy keeps its scales
+            self.scales[:, :, pairs[:, 1]] = self.scales[:, :, pairs[:, 0]]
 
     def swap_out(self, pairs) -> None:
         """Copy (device_frame, host_frame) pairs to the host pool
@@ -386,8 +380,7 @@ class KVCache:
     def move_tier(self, moves) -> None:
         """Make the tier's moves in their order (BlockManager.take_tier_moves):
         ("store", device frame, tier frame) copies out, ("load", tier frame, device
-        frame) copies back. A run of
-        one kind into distinct frames is one copy."""
+        frame) copies back. A run of one kind into distinct frames is one copy."""
         if moves and self.closed:
             raise RuntimeError(
                 "this KV cache was closed (KVCache.close): its tier holds no frames any"
@@ -421,9 +414,8 @@ def make_tier(shape: tuple, dtype, path=None) -> tuple[np.ndarray, TierFile | No
     owner = TierFile(path)
     try:
         os.ftruncate(owner.fd, 0)  # made anew: no frame of an earlier run is read back
-        with os.fdopen(
-            os.dup(owner.fd), "r+b"
-        ) as f:  # the locked file itself, not its name again
+        # the locked file itself, not its name again
+        with os.fdopen(os.dup(owner.fd), "r+b") as f:
             tier = np.memmap(f, dtype=dtype, mode="r+", shape=shape)
         tier.filename = os.path.abspath(owner.path)
     except OSError as error:

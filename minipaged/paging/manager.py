@@ -36,13 +36,11 @@ class MemoryMoves:
     is read before a store reuses it);
     then swap_in; then the copies, whose source may have just come back in."""
 
-    swap_out: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # (device frame, host frame)
+    # (device frame, host frame)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
     tier: list[TierMove] = field(default_factory=list)  # ("store"/"load", src, dst)
-    swap_in: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # (host frame, device frame)
+    # (host frame, device frame)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
     copies: list[CowPair] = field(default_factory=list)  # copy-on-write (src, dst)
 
 
@@ -51,14 +49,12 @@ class MemoryUsage:
     """Where the KV slots are. allocated = token + internal_waste + reserved_unused."""
 
     total_slots: int  # the whole pool
-    allocated_slots: (
-        int  # slots in frames some sequence maps (shared frames count once)
-    )
+    # slots in frames some sequence maps (shared frames count once)
+    allocated_slots: int
     token_slots: int  # of those, slots holding a real token's K and V
     internal_waste: int  # the unfilled tails of sequences' last blocks
-    reserved_unused: (
-        int  # reserved up front for tokens that are not there (static baseline)
-    )
+    # reserved up front for tokens that are not there (static baseline)
+    reserved_unused: int
     shared_frames: int  # frames mapped by more than one sequence (ref count > 1)
 
     @property
@@ -74,12 +70,10 @@ class FrameState:
 
     frame: int
     owners: list[SeqId]  # the sequences that map it; its ref count is len(owners)
-    cached: bool = (
-        False  # a prefix-cache block nobody maps: free, yet findable until reused
-    )
-    reserved: bool = (
-        False  # in a sequence's chunk, not written yet (the contiguous baseline)
-    )
+    # a prefix-cache block nobody maps: free, yet findable until reused
+    cached: bool = False
+    # in a sequence's chunk, not written yet (the contiguous baseline)
+    reserved: bool = False
 
     @property
     def free(self) -> bool:
@@ -169,8 +163,7 @@ class BlockManager:
 
     def can_reserve(self, num_frames: int) -> bool:
         """Could `num_frames` free frames be taken as one piece? Paging: any frames will
-        do
-        (a contiguous allocator answers otherwise, and counts its refusals)."""
+        do (a contiguous allocator answers otherwise, and counts its refusals)."""
         return num_frames <= self.num_free_frames
 
     def can_allocate(self, num_tokens: int) -> bool:
@@ -202,13 +195,11 @@ class BlockManager:
             raise ValueError(
                 f"sequence {seq_id!r} has no tokens: a prompt needs at least one"
             )
-        found = (
-            self._cached_prefix(token_ids) if read_cache else []
-        )  # (pool frame, None) or (None, tier frame)
+        # (pool frame, None) or (None, tier frame)
+        found = self._cached_prefix(token_ids) if read_cache else []
         hits = [frame for frame, _ in found if frame is not None]
-        revived = sum(
-            self.device.ref_counts[frame] == 0 for frame in hits
-        )  # leave the free count
+        # leave the free count
+        revived = sum(self.device.ref_counts[frame] == 0 for frame in hits)
         needed = self.frames_for(len(token_ids)) - len(hits)
         if needed + revived > self.num_free_frames:
             raise NoFreeFramesError(
@@ -216,9 +207,8 @@ class BlockManager:
                 f"but {self.num_free_frames - revived} are free"
             )
         table, loads = BlockTable(self.device), [t for _, t in found if t is not None]
-        self._pin(
-            hits, loads
-        )  # pinned first, so allocating cannot evict them (nor store over a load)
+        # pinned first, so allocating cannot evict them (nor store over a load)
+        self._pin(hits, loads)
         for i, (frame, tier_frame) in enumerate(found):
             block = token_ids[i * self.block_size : (i + 1) * self.block_size]
             if frame is not None:
@@ -372,8 +362,7 @@ class BlockManager:
 
     def usage(self) -> MemoryUsage:
         """Accounting of the device pool. Every block but a sequence's last is full, so
-        the
-        waste is the tails of last blocks (a shared last frame counted once)."""
+        the waste is the tails of last blocks (a shared last frame counted once)."""
         tails = {
             t.frames[-1]: len(t.frames) * self.block_size - t.num_tokens
             for t in self.tables.values()
@@ -394,8 +383,7 @@ class BlockManager:
         """Frames of the prefix cache holding the longest run of full blocks that starts
         `token_ids`, in logical order: the page table a sequence of these tokens would
         get for free, even after every sequence that wrote those frames was freed. Looks
-        only:
-        no ref count and no LRU position changes."""
+        only: no ref count and no LRU position changes."""
         return [frame for frame, _ in self._cached_blocks(list(token_ids), None)]
 
     def _cached_blocks(
@@ -424,16 +412,14 @@ class BlockManager:
         self, token_ids: list[int]
     ) -> list[tuple[int | None, int | None]]:
         """_cached_blocks() of the pool and the tier within the prompt's first len - 1
-        tokens
-        (the last token is always computed: the model needs its logits)."""
+        tokens (the last token is always computed: the model needs its logits)."""
         return self._cached_blocks(token_ids[:-1], self.tier)
 
     # ---- the tier behind the pool (the drum) -----------------------------------------
     def add_tier(self, num_frames: int) -> None:
         """Put a tier of `num_frames` frames behind the prefix cache: a block the pool
         evicts is copied there, and a prompt that finds it there gets it copied back,
-        not recomputed.
-        KVCache needs as many tier frames (its num_tier_blocks)."""
+        not recomputed. KVCache needs as many tier frames (its num_tier_blocks)."""
         if self.device.prefix_cache is None:
             raise ValueError(
                 "a tier keeps the prefix cache's evicted blocks: it needs"
@@ -448,8 +434,7 @@ class BlockManager:
 
     def take_tier_moves(self) -> list[TierMove]:
         """The tier's stores and loads decided since the last call, in order, for the
-        next
-        step's MemoryMoves.tier (none without a tier)."""
+        next step's MemoryMoves.tier (none without a tier)."""
         return self.tier.take_moves() if self.tier is not None else []
 
     def _load_block(self, table: BlockTable, tier_frame: int, block: list[int]) -> None:
@@ -508,8 +493,7 @@ class BlockManager:
         """Frames that one more token in each table takes, appended in order: a new
         frame for each table whose last frame is full, and a copy for each writer of a
         shared partial last frame, except the last writer when no table outside the
-        group maps it (it then owns the
-        frame alone and writes in place)."""
+        group maps it (it then owns the frame alone and writes in place)."""
         if len(tables) == 1:  # the common case, without the Counter
             return int(
                 not tables[0].last_frame_has_room or tables[0].last_frame_shared()
@@ -566,8 +550,7 @@ class BlockManager:
     def held_frame_states(self) -> list[FrameState]:
         """frame_states() of the frames that are not free (mapped, or kept by the prefix
         cache), in order: its cost grows with the frames in use, not with the pool, so a
-        dashboard can
-        ask after every step of a pool of a hundred thousand frames."""
+        dashboard can ask after every step of a pool of a hundred thousand frames."""
         owners, cache = self.frame_owners(), self.device.prefix_cache
         parked = set(cache.evictable) if cache is not None else set()
         return [
@@ -577,8 +560,7 @@ class BlockManager:
 
     def unshared_frames(self) -> int:
         """Frames the sequences would hold with private copies, none shared: what fork()
-        and
-        the prefix cache save is this minus the frames in use."""
+        and the prefix cache save is this minus the frames in use."""
         return sum(len(table.frames) for table in self.tables.values())
 
     def table_view(self, seq_id: SeqId) -> TableView:

@@ -17,8 +17,7 @@ from minipaged.paging.replacement import make_policy
 def block_hash(prev_hash: int | None, token_ids) -> int:
     """The name of a full block: its tokens chained to everything before it. The hash
     runs over (previous block's hash, this block's token ids), so equal hashes mean
-    equal prefixes up to
-    that block, and equal prefixes mean equal K and V."""
+    equal prefixes up to that block, and equal prefixes mean equal K and V."""
     return hash((prev_hash, tuple(token_ids)))
 
 
@@ -31,17 +30,15 @@ class PrefixCache:
     def __init__(self, policy="lru"):
         self.frame_of: dict[int, int] = {}  # block hash -> frame
         self.key_of: dict[int, tuple] = {}  # frame -> (prev_hash, token ids)
-        self.evictable: OrderedDict[int, None] = (
-            OrderedDict()
-        )  # frames with ref count 0, LRU first
+        # frames with ref count 0, LRU first
+        self.evictable: OrderedDict[int, None] = OrderedDict()
         self.policy = make_policy(policy)
         # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
         self.tier = None
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
         """The frame holding this block, or None. The token ids are compared too, so a
-        hash
-        collision between two different blocks is a miss, not wrong K and V."""
+        hash collision between two different blocks is a miss, not wrong K and V."""
         frame = self.frame_of.get(block_hash(prev_hash, token_ids))
         return (
             frame
@@ -51,8 +48,7 @@ class PrefixCache:
 
     def insert(self, frame: int, prev_hash: int | None, token_ids) -> int:
         """Remember that `frame` holds this full block; returns the block's hash. When
-        another
-        frame already holds the same block, that one stays the cached copy."""
+        another frame already holds the same block, that one stays the cached copy."""
         h = block_hash(prev_hash, token_ids)
         if h not in self.frame_of and frame not in self.key_of:
             self.frame_of[h] = frame

@@ -47,8 +47,7 @@ class LRU:
 class FIFO:
     """First in, first out: the frame whose content entered the cache first leaves
     first, however often it was hit since. Cheap, blind to use, and prone to Belady's
-    anomaly (more frames, more
-    misses)."""
+    anomaly (more frames, more misses)."""
 
     name = "fifo"
 
@@ -65,9 +64,8 @@ class FIFO:
         del self.line[frame]
 
     def victim(self, parked: OrderedDict) -> int:
-        return next(
-            frame for frame in self.line if frame in parked
-        )  # pinned frames are passed over
+        # pinned frames are passed over
+        return next(frame for frame in self.line if frame in parked)
 
 
 class Clock:
@@ -81,17 +79,15 @@ class Clock:
     name = "clock"
 
     def __init__(self):
-        self.ring: OrderedDict[int, bool] = (
-            OrderedDict()
-        )  # frame -> referenced; the hand at the front
+        # frame -> referenced; the hand at the front
+        self.ring: OrderedDict[int, bool] = OrderedDict()
 
     def entered(self, frame: int, block: int) -> None:
         self.ring[frame] = True
 
     def parked(self, frame: int) -> None:
-        self.ring[frame] = (
-            True  # read by attention until now (keeps its place in the ring)
-        )
+        # read by attention until now (keeps its place in the ring)
+        self.ring[frame] = True
 
     def left(self, frame: int) -> None:
         del self.ring[frame]

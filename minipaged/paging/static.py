@@ -17,8 +17,7 @@ class StaticBlockManager(BlockManager):
     """Regions of `max_model_len` slots (frame r = slots r*max_model_len ...), one per
     request. It is paging with one block of max_model_len slots per request, taken at
     the first token, so it shares BlockManager's machinery and accounting; the slots it
-    holds for tokens that are not
-    there yet are `reserved_unused`."""
+    holds for tokens that are not there yet are `reserved_unused`."""
 
     def __init__(self, num_slots: int, max_model_len: int = 2048):
         self.max_model_len = check_size("max_model_len", max_model_len)
@@ -43,9 +42,8 @@ class StaticBlockManager(BlockManager):
         return super().append_slot(seq_id, token_id)
 
     def usage(self) -> MemoryUsage:
-        usage = (
-            super().usage()
-        )  # its one block per request is all reservation, no tail waste
+        # its one block per request is all reservation, no tail waste
+        usage = super().usage()
         usage.reserved_unused, usage.internal_waste = usage.internal_waste, 0
         return usage
 

@@ -26,21 +26,18 @@ class Drum:
     of the pool's evictions). A full block never changes, so a block loaded back stays
     here too (as a clean page stays on the drum): when the pool gives it up again,
     nothing is copied. The copies decided wait in `moves`, in order, until the engine
-    takes them for the next step's
-    MemoryMoves."""
+    takes them for the next step's MemoryMoves."""
 
     def __init__(self, num_frames: int):
         self.num_frames = check_size("kv_offload_frames", num_frames, minimum=1)
         self.free_frames: deque[int] = deque(range(self.num_frames))
         self.frame_of: dict[int, int] = {}  # block hash -> tier frame
-        self.key_of: OrderedDict[int, tuple] = (
-            OrderedDict()
-        )  # tier frame -> (prev_hash, token ids), LRU first
+        # tier frame -> (prev_hash, token ids), LRU first
+        self.key_of: OrderedDict[int, tuple] = OrderedDict()
         self.moves: list[TierMove] = []
         self.pinned: set[int] = set()  # tier frames a prompt is loading: kept
-        self.stores = self.loads = self.evictions = (
-            0  # blocks copied in, copied back, dropped
-        )
+        # blocks copied in, copied back, dropped
+        self.stores = self.loads = self.evictions = 0
 
     @property
     def num_used(self) -> int:
@@ -49,8 +46,7 @@ class Drum:
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
         """The tier frame holding this block, or None (the token ids are compared too,
-        as in
-        PrefixCache.lookup)."""
+        as in PrefixCache.lookup)."""
         frame = self.frame_of.get(block_hash(prev_hash, token_ids))
         return (
             frame
@@ -64,9 +60,8 @@ class Drum:
         place (one not
         pinned; when all are, the block is forgotten as it would be without a tier)."""
         h = block_hash(*key)
-        if (
-            h in self.frame_of
-        ):  # already here (loaded back before): the copy is still good
+        # already here (loaded back before): the copy is still good
+        if h in self.frame_of:
             self.key_of.move_to_end(self.frame_of[h])
             return
         if self.free_frames:
@@ -84,8 +79,7 @@ class Drum:
     def load(self, tier_frame: int, frame: int) -> None:
         """A prompt hit this tier frame: copy its K and V into device `frame`, newly
         taken for the block. The block stays here too, in its place: it is back in the
-        pool now, and its
-        place is renewed when the pool gives it up again."""
+        pool now, and its place is renewed when the pool gives it up again."""
         self.moves.append(("load", tier_frame, frame))
         self.loads += 1
 

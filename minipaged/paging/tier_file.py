@@ -19,9 +19,8 @@ try:  # the OS's lock on a tier file (one owner per file), seen by other process
 except ImportError:  # Windows: this process's registry of tier files only
     fcntl = None
 
-_open_tier_files: set[str] = (
-    set()
-)  # the tier files of this process's live KVCaches (their keys)
+# the tier files of this process's live KVCaches (their keys)
+_open_tier_files: set[str] = set()
 _registry_lock = threading.RLock()  # re-entered when a collection in it releases a file
 
 PATH_ADVICE = (

@@ -65,8 +65,7 @@ def make(option: str, spec, **settings):
 
 def resolve(option: str, spec):
     """The class (or object) `spec` names for `option`, not yet built: a ValueError
-    naming the
-    option's policies when it names none."""
+    naming the option's policies when it names none."""
     if not isinstance(spec, str):
         return spec
     if ":" in spec:
@@ -101,13 +100,13 @@ def scheduler_policies(config) -> tuple:
     """The scheduler's (waiting order, admission, victim) for a SchedulerConfig's
     options, each a name, a path or an object; the settings are checked whichever policy
     reads them. The victim, when not given, is the one the waiting order brings
-    (priority's least urgent), else
-    the newest."""
+    (priority's least urgent), else the newest."""
     aging_rate, admission_window = config.aging_rate, config.admission_window
+    # a bad setting is refused by name, always
     (
         Aging(aging_rate),
         WorkingSet(admission_window),
-    )  # a bad setting is refused by name, always
+    )
     order = make("scheduling_policy", config.scheduling_policy, aging_rate=aging_rate)
     admit = make("admission", config.admission, admission_window=admission_window)
     if config.preemption_victim is not None:

@@ -14,15 +14,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Batching:
     name: str
-    joins_running_batch: (
-        bool  # may a request join while others run (else: only an empty batch)?
-    )
-    reserves_whole_run: (
-        bool  # does admission take every frame the run could need, up front?
-    )
-    keeps_finished_rows: (
-        bool  # do finished sequences stay in the batch as padding until it ends?
-    )
+    # may a request join while others run (else: only an empty batch)?
+    joins_running_batch: bool
+    # does admission take every frame the run could need, up front?
+    reserves_whole_run: bool
+    # do finished sequences stay in the batch as padding until it ends?
+    keeps_finished_rows: bool
 
 
 CONTINUOUS = Batching(

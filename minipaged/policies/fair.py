@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from minipaged.sequence import Status
 
+# VTC's weights: an output token costs a decode step, a prompt token a share of one
 PROMPT_WEIGHT, OUTPUT_WEIGHT = (
     1.0,
     2.0,
-)  # VTC's weights: an output token costs a decode step, a prompt token a share of one
+)
 
 
 class Fair:
@@ -46,16 +47,14 @@ class Fair:
                 )
         self.weights = {"prefill": float(prompt_weight), "decode": float(output_weight)}
         self.counters: dict[str, float] = {}  # client -> weighted tokens served
-        self.unfinished: dict[
-            str, set
-        ] = {}  # client -> its requests seen and not finished
+        # client -> its requests seen and not finished
+        self.unfinished: dict[str, set] = {}
 
     def pick(self, waiting, now: int):
         for request in waiting:
             self.arrive(request)
-        return min(
-            waiting, key=lambda r: self.counters[r.client]
-        )  # min keeps the first of equals
+        # min keeps the first of equals
+        return min(waiting, key=lambda r: self.counters[r.client])
 
     def served(self, request, num_tokens: int, kind: str) -> None:
         """The scheduler ran `num_tokens` of `request` this step ("prefill" or
@@ -76,8 +75,7 @@ class Fair:
 
     def arrive(self, request) -> None:
         """Count a request in (once): finished requests leave `unfinished`, and a client
-        that
-        had none unfinished is lifted before its request counts."""
+        that had none unfinished is lifted before its request counts."""
         if request in self.unfinished.get(request.client, ()):
             return
         for requests in self.unfinished.values():

@@ -31,6 +31,5 @@ class LeastUrgent:
     name = "least-urgent"
 
     def choose(self, candidates):
-        return max(
-            reversed(candidates), key=lambda r: r.priority
-        )  # max keeps the first of equals
+        # max keeps the first of equals
+        return max(reversed(candidates), key=lambda r: r.priority)

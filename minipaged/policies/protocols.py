@@ -18,9 +18,8 @@ class WaitingOrder(Protocol):
     """Which waiting request admission tries next (if it does not fit, nobody else is
     tried)."""
 
-    uses_priority: (
-        bool  # does it read `request.priority` (vLLM's `priority=`)? Others refuse one
-    )
+    # does it read `request.priority` (vLLM's `priority=`)? Others refuse one
+    uses_priority: bool
 
     def pick(self, waiting: Seq[Request], now: int) -> Request:
         """One of `waiting` (queue order: requests preempted by recompute at the front,
@@ -51,8 +50,7 @@ class Victim(Protocol):
 
     def choose(self, candidates: Seq[Request]) -> Request:
         """One of `candidates`: the request that must grow first, then the others not
-        yet
-        scheduled this step, in the order they were admitted (oldest first)."""
+        yet scheduled this step, in the order they were admitted (oldest first)."""
 
 
 class Lookahead(Protocol):
@@ -61,18 +59,15 @@ class Lookahead(Protocol):
 
     def reserve(self, batch, budget: int, max_model_len: int) -> None:
         """At the end of `schedule()`: give decode rows slots for extra tokens
-        (`extra_slots`)
-        within `budget` tokens; `batch` is then final."""
+        (`extra_slots`) within `budget` tokens; `batch` is then final."""
 
     def propose(self, batch) -> dict:
         """After the step's memory moves, before its forward: sequence -> its extra
-        tokens
-        (at most its slots)."""
+        tokens (at most its slots)."""
 
     def emit(self, row, extra: list[int], logits) -> list[int]:
         """After the forward: the tokens the row emits, from its logits (1 + len(extra),
-        vocab):
-        the extra tokens kept, then one of the model's."""
+        vocab): the extra tokens kept, then one of the model's."""
 
     def settle(self, row, kept: list[int]) -> None:
         """The row's extra slots hold `kept` (its kept extra tokens); roll back the

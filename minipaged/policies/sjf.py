@@ -17,28 +17,24 @@ def job_size(request) -> int:
 
 class SJF:
     """The smallest job first, ties to the oldest. Requests preempted by recompute come
-    first,
-    in their order: they were admitted once and hold generated tokens."""
+    first, in their order: they were admitted once and hold generated tokens."""
 
     name = "sjf"
     uses_priority = False
     rate = 0.0  # job-size tokens forgiven per step waited (SJF: none)
 
     def pick(self, waiting, now: int):
-        if any(
-            s.output_ids for s in waiting[0].seqs
-        ):  # (preempted ones are at the front)
+        # (preempted ones are at the front)
+        if any(s.output_ids for s in waiting[0].seqs):
             return waiting[0]
-        return min(
-            waiting, key=lambda r: job_size(r) - self.rate * (now - r.arrival)
-        )  # min keeps the first of equals
+        # min keeps the first of equals
+        return min(waiting, key=lambda r: job_size(r) - self.rate * (now - r.arrival))
 
 
 class Aging(SJF):
     """SJF after forgiving `aging_rate` tokens per step waited. It bounds starvation: a
     job of S tokens waits only for requests that arrived fewer than (S - 1) / aging_rate
-    steps after it
-    (and those before it)."""
+    steps after it (and those before it)."""
 
     name = "aging"
 

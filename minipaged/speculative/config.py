@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "draft_layers")
-MAX_SPECULATIVE_TOKENS = (
-    16  # each guess is a KV slot and a row of the verification forward
-)
+# each guess is a KV slot and a row of the verification forward
+MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(slots=True)

@@ -19,9 +19,8 @@ class DraftLayers:
 
     def __init__(self, runner: ModelRunner, num_layers: int):
         self.runner = runner
-        self.model = copy.copy(
-            runner.model
-        )  # shares every weight; only the layer list is shorter
+        # shares every weight; only the layer list is shorter
+        self.model = copy.copy(runner.model)
         self.model.layers = runner.model.layers[:num_layers]
 
     def propose(self, rows) -> list[list[int]]:
@@ -30,9 +29,8 @@ class DraftLayers:
             active = [i for i, s in enumerate(rows) if len(drafts[i]) < s.extra_slots]
             if not active:
                 return drafts
-            ids = [
-                rows[i].seq.token_ids + drafts[i] for i in active
-            ]  # the last one is computed
+            # the last one is computed
+            ids = [rows[i].seq.token_ids + drafts[i] for i in active]
             inputs = step_inputs(
                 self.runner.blocks,
                 [rows[i].seq.seq_id for i in active],

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 def ngram_propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the last n tokens,
-    for the
-    longest n from max_n down to min_n that occurs; [] when none does."""
+    for the longest n from max_n down to min_n that occurs; [] when none does."""
     length = len(token_ids)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = token_ids[length - n :]

@@ -38,8 +38,7 @@ def regex_of(spec) -> str:
 
 def byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet back to bytes: the printable bytes stand for
-    themselves, the
-    others were moved to code points 256 and up ("Ġ" is the space)."""
+    themselves, the others were moved to code points 256 and up ("Ġ" is the space)."""
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
@@ -58,14 +57,12 @@ def byte_decoder() -> dict[str, int]:
 def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
     """The text each token id adds to an answer; None for a special token, an id past
     the tokenizer's vocabulary, or a piece of a multi-byte character (such a token is
-    never
-    allowed: non-ASCII text then comes from whole-character tokens)."""
+    never allowed: non-ASCII text then comes from whole-character tokens)."""
     hf = tokenizer.hf
     special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
     decoder = byte_decoder()
-    byte_level = "ByteLevel" in json.dumps(
-        json.loads(hf.to_str()).get("decoder")
-    )  # GPT-2's alphabet
+    # GPT-2's alphabet
+    byte_level = "ByteLevel" in json.dumps(json.loads(hf.to_str()).get("decoder"))
     texts = []
     for i in range(vocab_size):
         piece = hf.id_to_token(i) if i < hf.get_vocab_size() else None
@@ -128,13 +125,11 @@ class Automaton:
                 self.masks[state] = np.zeros(self.vocabulary.size, dtype=bool)
             else:
                 mask = self.vocabulary.allowed(self.dfa, state)
-                mask[self.eos] = self.dfa.accepting(
-                    state
-                )  # the end, once the text is a whole match
+                # the end, once the text is a whole match
+                mask[self.eos] = self.dfa.accepting(state)
                 self.masks[state] = mask
-            self.masks[
-                state
-            ].flags.writeable = False  # shared by every sequence at this state
+            # shared by every sequence at this state
+            self.masks[state].flags.writeable = False
         return self.masks[state]
 
 
@@ -150,9 +145,8 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         text = self.texts[token] if 0 <= token < len(self.texts) else None
-        if (
-            self.state == DEAD or text is None
-        ):  # an end-of-sequence token (or a special one): done
+        # an end-of-sequence token (or a special one): done
+        if self.state == DEAD or text is None:
             self.state = DEAD
             return
         self.state = self.automaton.dfa.walk(self.state, text)

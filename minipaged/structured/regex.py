@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEAD = -1  # the DFA state of a text that no match can start with
-MAX_REPEAT = (
-    1000  # {m,n} copies the repeated part: bounded, so a pattern cannot fill memory
-)
+# {m,n} copies the repeated part: bounded, so a pattern cannot fill memory
+MAX_REPEAT = 1000
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,8 @@ class Parser:
             )
             if op == "{":
                 low, high = self.counts(start)
-                if (
-                    low is None
-                ):  # a "{" that is not a count is a literal, as in Python's re
+                # a "{" that is not a count is a literal, as in Python's re
+                if low is None:
                     self.i = start
                     return ("cat", [node, self.literal()])
             if self.peek() in ("?", "+"):
@@ -252,9 +250,8 @@ class NFA:
                 self.eps[s].append(a)
                 self.eps[b].append(e)
             return s, e
-        _, inner, low, high = (
-            node  # "rep": low copies, then (high - low) optional ones or a loop
-        )
+        # "rep": low copies, then (high - low) optional ones or a loop
+        _, inner, low, high = node
         e = s
         for _ in range(low):
             a, b = self.build(inner)

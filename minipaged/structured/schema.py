@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import re
 
-MAX_DEPTH = (
-    3  # nesting of objects/arrays in "any JSON value" (json_object, {"type": "object"})
-)
+# nesting of objects/arrays in "any JSON value" (json_object, {"type": "object"})
+MAX_DEPTH = 3
 # between tokens: one space or none (Outlines' default), so no endless whitespace
 WS = "[ ]?"
 STRING_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
@@ -109,8 +108,7 @@ def any_object(depth: int = MAX_DEPTH) -> str:
 
 def schema_to_regex(schema, root=None, where: str = "", seen: tuple = ()) -> str:
     """The pattern of every JSON text that fits `schema` (a ValueError naming the
-    keyword and
-    where, for what it cannot express)."""
+    keyword and where, for what it cannot express)."""
     root = schema if root is None else root
     if schema is True or schema == {}:
         return any_value()
@@ -178,9 +176,8 @@ def schema_to_regex(schema, root=None, where: str = "", seen: tuple = ()) -> str
                 " range is not a short regular expression)"
             )
         pattern = SCALARS[kind]
-        return (
-            pattern[2:] if "minimum" in schema else pattern
-        )  # minimum 0: no minus sign
+        # minimum 0: no minus sign
+        return pattern[2:] if "minimum" in schema else pattern
     if kind in SCALARS:
         return SCALARS[kind]
     raise ValueError(f"{where or 'the schema'}: type {kind!r} is not a JSON type")
@@ -208,8 +205,7 @@ def resolve(ref: str, root: dict, where: str, seen: tuple) -> dict:
 
 def object_regex(schema: dict, root, where: str, seen: tuple) -> str:
     """The properties in their order, the required ones always, the optional ones or
-    not,
-    with a comma before each but the first present one."""
+    not, with a comma before each but the first present one."""
     props = schema.get("properties")
     if not props:
         return any_object()
@@ -226,9 +222,8 @@ def object_regex(schema: dict, root, where: str, seen: tuple) -> str:
     ]
     first_required = next((i for i, (_, req) in enumerate(items) if req), len(items))
     options = []
-    for first in range(
-        min(first_required + 1, len(items))
-    ):  # which property comes first
+    # which property comes first
+    for first in range(min(first_required + 1, len(items))):
         rest = "".join(
             f"{WS},{WS}{item}" if req else f"({WS},{WS}{item})?"
             for item, req in items[first + 1 :]

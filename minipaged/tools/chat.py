@@ -154,9 +154,8 @@ def load(args: argparse.Namespace) -> LLM:
     long it took."""
     say(f"loading {args.model or DEFAULT_MODEL} ...")
     start = time.perf_counter()
-    folder = resolve_model(
-        args.model
-    )  # the offline conversion shows its own progress bar
+    # the offline conversion shows its own progress bar
+    folder = resolve_model(args.model)
     say(f"  files: {folder}")
     options = {
         "block_size": args.block_size,
@@ -218,12 +217,10 @@ class Session:
     params: SamplingParams
     interactive: bool
     system: str | None = None
-    turns: list[dict] = field(
-        default_factory=list
-    )  # user and assistant messages, oldest first
-    token_ids: list[int] = field(
-        default_factory=list
-    )  # last prompt + answer, as the engine saw them
+    # user and assistant messages, oldest first
+    turns: list[dict] = field(default_factory=list)
+    # last prompt + answer, as the engine saw them
+    token_ids: list[int] = field(default_factory=list)
     last: Answer | None = None
     prompt_tokens: int = 0  # all turns since the start (or /reset)
     cached_tokens: int = 0
@@ -252,8 +249,7 @@ class Session:
 def fit_context(session: Session) -> list[int] | None:
     """The prompt ids of the conversation, the oldest exchanges dropped (with a notice)
     while prompt + max_tokens would outgrow the context. None, and the message
-    forgotten, when the
-    new message alone cannot fit."""
+    forgotten, when the new message alone cannot fit."""
     limit, encode = session.llm.engine.max_model_len, session.llm.tokenizer.encode_chat
     alone = len(encode(session.messages(session.turns[-1:])))
     if alone >= limit:
@@ -306,9 +302,8 @@ def stream_answer(session: Session, prompt_ids: list[int]) -> str:
                 break
             if first is None:
                 first = time.perf_counter() - start
-            now = (
-                llm.engine.blocks.usage()
-            )  # while the answer's sequence holds its frames
+            # while the answer's sequence holds its frames
+            now = llm.engine.blocks.usage()
             if usage is None or now.allocated_slots >= usage.allocated_slots:
                 usage = now
             text += piece
@@ -359,9 +354,8 @@ def say_to_model(session: Session, message: str) -> None:
     prompt_ids = fit_context(session)
     if prompt_ids is None:
         return
-    fit_blas_threads(
-        samples=3
-    )  # the machine's load may have changed since the last answer
+    # the machine's load may have changed since the last answer
+    fit_blas_threads(samples=3)
     if session.interactive:
         print("assistant> ", end="", flush=True)
     try:
@@ -468,8 +462,7 @@ def page_table_text(session: Session, per_row: int = 10) -> str:
 
 def frame_map_text(session: Session, per_row: int = 32) -> str:
     """viz.FrameMap's picture of the whole pool, runs of all-free rows folded into one
-    line:
-    a 512 MiB pool has 728 frames and a chat maps a few dozen of them."""
+    line: a 512 MiB pool has 728 frames and a chat maps a few dozen of them."""
     frame_map = FrameMap(session.llm.engine.blocks, per_row)
     symbols = [symbol for symbol, _, _ in frame_map.cells()]
     rows = [
@@ -527,8 +520,7 @@ def run_command(session: Session, line: str) -> bool:
 def read_message(session: Session) -> str | None:
     """The next line typed (or piped in); None at the end of input. Standard input that
     is not a terminal is read as one message per line, so scripts and tests can drive
-    the chat:
-    `echo "What is the capital of France?" | python -m minipaged.chat`."""
+    the chat: `echo "What is the capital of France?" | python -m minipaged.chat`."""
     while True:
         try:
             return input("you> " if session.interactive else "")
@@ -545,9 +537,8 @@ def read_message(session: Session) -> str | None:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if (
-        sys.stdin is None
-    ):  # started with standard input closed (`0<&-`): read it as empty
+    # started with standard input closed (`0<&-`): read it as empty
+    if sys.stdin is None:
         sys.stdin = open(os.devnull)
     interactive = sys.stdin.isatty()
     # bytes that are not UTF-8 (a binary pipe, a terminal in another encoding) become
@@ -596,9 +587,8 @@ def main(argv=None) -> int:
     except (
         BrokenPipeError
     ):  # whoever read the answers left (`| head -1`): stop quietly, as cat does
-        os.dup2(
-            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
-        )  # else Python's exit flush fails again
+        # else Python's exit flush fails again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         # 128 + SIGPIPE: what a shell reports for a writer whose pipe was closed
         return 141
     return 0

@@ -1,6 +1,5 @@
 """Lab 6's cases: a Clock as a participant writes it from the hints, and the catalogue
-of
-plausible mistakes, each caught by the property it names (tests/test_labs.py)."""
+of plausible mistakes, each caught by the property it names (tests/test_labs.py)."""
 
 WRITTEN = """
 from collections import OrderedDict

@@ -258,9 +258,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     fn = COMMANDS[args.name][0]
     try:
-        check_output_files(
-            args
-        )  # before any work: a file it could not write at the end is refused now
+        # before any work: a file it could not write at the end is refused now
+        check_output_files(args)
         result = fn(args)
     except (
         OptionError

@@ -25,8 +25,7 @@ def load(args, **options):
     """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the
     idle cores. No such model, no usable GPU, engine options the engine refuses, or a
     max_model_len beyond what the model and the KV cache hold (the engine would cap it;
-    the workload would not): an
-    OptionError."""
+    the workload would not): an OptionError."""
     from minipaged.llm import LLM
     from minipaged.model.cpu import fit_blas_threads
 
@@ -78,8 +77,7 @@ def serving_arguments(parser) -> None:
 
 def random_prompts(specs, seed: int, vocab: int) -> list[list[int]]:
     """Random token ids (skipping the first ids, where special tokens live), one prompt
-    of
-    spec.prompt_len tokens per spec (a workload.RequestSpec)."""
+    of spec.prompt_len tokens per spec (a workload.RequestSpec)."""
     rng = np.random.default_rng(seed)
     low, high = min(100, vocab // 4), min(10_000, vocab)
     return [rng.integers(low, high, s.prompt_len).tolist() for s in specs]

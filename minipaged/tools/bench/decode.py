@@ -56,8 +56,7 @@ def add_arguments(parser) -> None:
 def bench_decode(args) -> dict:
     """Sends --batch random prompts of --prompt-len tokens, runs one prefill step, then
     times the decode steps until every stream has --tokens tokens; tokens/s counts all
-    streams. With
-    several --batch sizes, one such run per size and a list of results."""
+    streams. With several --batch sizes, one such run per size and a list of results."""
     llm, threads = load(args, max_num_seqs=max(64, *args.batch))
     for batch in args.batch:
         check_fits(llm.engine, args, batch)
@@ -77,9 +76,10 @@ def decode_run(llm, args, batch: int, threads: int, limits: dict) -> dict:
         for ids in random_prompts(specs, 0, llm.model.config.vocab_size)
     ]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    # warm-up
     llm.generate(
         prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False
-    )  # warm-up
+    )
     for i, prompt in enumerate(prompts):
         llm.engine.add_request(f"decode-{batch}-{i}", prompt, params)
     with tqdm(total=args.tokens, desc=f"decode, batch {batch}", unit="step") as bar:

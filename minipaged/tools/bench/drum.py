@@ -24,9 +24,8 @@ from minipaged.tools.viz import BarChart
 # prompt is mostly history (what the tier can give back) and a little new text (what
 # must be computed)
 SYSTEM_LEN, QUESTION_MEAN, ANSWER_MEAN = 96, 16, 64
-SMOLLM2_VOCAB = (
-    49152  # the default model's: the trace's random token ids are drawn below it
-)
+# the default model's: the trace's random token ids are drawn below it
+SMOLLM2_VOCAB = 49152
 
 
 def add_arguments(parser) -> None:
@@ -202,8 +201,7 @@ def make_trace(
 
 def run_trace(engine, trace, params, desc: str | None = None) -> dict:
     """Each turn alone through the engine: its time to first token, cached tokens and
-    tokens
-    (a progress bar named `desc` on stderr; None: none)."""
+    tokens (a progress bar named `desc` on stderr; None: none)."""
     ttft, cached, outputs = [], [], []
     for i, turn in enumerate(
         tqdm(trace, desc=desc, unit="req", leave=False, disable=desc is None)
@@ -212,9 +210,8 @@ def run_trace(engine, trace, params, desc: str | None = None) -> dict:
         engine.add_request(f"turn-{i}", {"prompt_token_ids": turn.prompt}, params)
         while engine.has_unfinished_requests():
             report = engine.step()
-            first = (
-                first or time.perf_counter()
-            )  # one request: its first step samples its first token
+            # one request: its first step samples its first token
+            first = first or time.perf_counter()
             for output in report.finished:
                 cached.append(output.num_cached_tokens)
                 outputs.append(output.outputs[0].token_ids)
@@ -286,8 +283,7 @@ def replay(
     """The trace through a block manager alone, no model, turn by turn as run_trace
     serves it (allocate the prompt, append the slots of the max_tokens - 1 tokens fed
     back, free): per turn, the prompt tokens found in the pool, loaded from the tier,
-    and computed. Fast, and the same
-    on every machine."""
+    and computed. Fast, and the same on every machine."""
     from minipaged.paging import BlockManager
 
     manager, rows = BlockManager(num_blocks, block_size), []

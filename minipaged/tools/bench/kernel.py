@@ -163,9 +163,8 @@ def bench_shape(shape: Shape, versions, repeats: int, device: dict) -> list[dict
     s, itemsize = shape, np.dtype(shape.dtype).itemsize
     pages = cdiv(s.context_len, BLOCK_SIZE)
     kv_bytes = 2 * s.num_seqs * s.context_len * s.num_kv_heads * s.head_dim * itemsize
-    copies = math.ceil(
-        4 * device["l2_bytes"] / kv_bytes
-    )  # rotate to stay out of the L2
+    # rotate to stay out of the L2
+    copies = math.ceil(4 * device["l2_bytes"] / kv_bytes)
 
     def random(*size):
         return xp.random.standard_normal(size, dtype=xp.float32).astype(s.dtype)
@@ -278,15 +277,13 @@ def record(decode, caches):
 
 def dense_attention(q, k, v, scale):
     """softmax(q K^T * scale) V over contiguous K/V (num_seqs, num_kv_heads,
-    context_len,
-    head_dim) with CuPy matmuls; logits and softmax in float32."""
+    context_len, head_dim) with CuPy matmuls; logits and softmax in float32."""
     import cupy
 
     num_seqs, num_heads, head_dim = q.shape
     groups = q.reshape(num_seqs, k.shape[1], -1, head_dim)  # (S, kvh, group, hd)
-    logits = cupy.matmul(groups, k.transpose(0, 1, 3, 2)).astype(
-        cupy.float32
-    )  # (S, kvh, group, T)
+    # (S, kvh, group, T)
+    logits = cupy.matmul(groups, k.transpose(0, 1, 3, 2)).astype(cupy.float32)
     logits *= scale
     p = cupy.exp(logits - logits.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
@@ -330,8 +327,7 @@ def add_arguments(parser) -> None:
 def bench_kernel(args) -> list:
     """Each version is first checked against dense attention, then timed on four shapes
     (SmolLM2 and Llama 3 8B batches, long contexts, an fp32 cache); one row per (shape,
-    version). See
-    minipaged/tools/bench/kernel.py."""
+    version). See minipaged/tools/bench/kernel.py."""
     versions = args.versions
     rows = []
     for shape in tqdm(SHAPES, desc="kernel", unit="shape", delay=1):
@@ -343,9 +339,8 @@ def bench_kernel(args) -> list:
     return rows
 
 
-if (
-    __name__ == "__main__"
-):  # python -m minipaged.tools.bench.kernel kernel.json: the table
+# python -m minipaged.tools.bench.kernel kernel.json: the table
+if __name__ == "__main__":
     import json
     import sys
 

@@ -103,8 +103,7 @@ def add_arguments(parser) -> None:
 
 def frames_per_gib(config, block_size: int = 16) -> list[dict]:
     """For each storage: frames and tokens in 1 GiB, their ratio to float32 and float16,
-    and how
-    many 2048-token contexts fit in the CPU's default 512 MiB."""
+    and how many 2048-token contexts fit in the CPU's default 512 MiB."""
     sizes = (config.num_layers, config.num_kv_heads, config.head_dim, block_size)
     rows = []
     for name, dtype in (
@@ -207,8 +206,7 @@ def decode_speed(engine, vocab: int, batch: int, tokens: int) -> float:
 
 def bench_kv_dtype(args) -> dict:
     """Frames per GiB (no model needed), then on the model: per dtype, greedy agreement
-    with
-    'auto' per prompt, the fixed text's perplexity, and decode tokens/s."""
+    with 'auto' per prompt, the fixed text's perplexity, and decode tokens/s."""
     if args.kernel:
         return kernel_lines(verbose=not args.json)
     llm, threads = load(args)
@@ -260,9 +258,8 @@ def bench_kv_dtype(args) -> dict:
     ]
     if not args.json:
         print_report(report)
-    if (
-        args.svg
-    ):  # depends on the model's shape only: any --prompts / --max-tokens draw the same
+    # depends on the model's shape only: any --prompts / --max-tokens draw the same
+    if args.svg:
         with open(args.svg, "w") as f:
             f.write(frames_chart(report["frames"], llm.model_name.split("/")[-1]).svg())
     return report
@@ -298,8 +295,7 @@ def print_report(report: dict) -> None:
 def kernel_lines(verbose: bool = True) -> dict:
     """On a GPU: decode v5 over an fp16 cache and v7 over the same K/V coded in int8, on
     two shapes; bytes moved / seconds, and the fraction of peak bandwidth. Each is first
-    checked
-    against the NumPy reference on a slice of the batch (llm.c's habit)."""
+    checked against the NumPy reference on a slice of the batch (llm.c's habit)."""
     from minipaged.backend import cuda_available
 
     if not cuda_available():

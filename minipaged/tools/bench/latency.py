@@ -119,8 +119,7 @@ def bench_latency(args, virtual: Profile | None = None) -> dict:
     """Every system (paging and Orca's contiguous-oracle, both with continuous batching,
     and static batching) serves the same requests at the same arrival times, once per
     rate: the normalized latency (mean of end-to-end latency / output length, s/token)
-    and the end-to-end
-    latency of the shortest quarter of requests."""
+    and the end-to-end latency of the shortest quarter of requests."""
     # virtual (tests): the profile's step times replace this machine's clock,
     # deterministic
     specs = make_workload(
@@ -132,9 +131,8 @@ def bench_latency(args, virtual: Profile | None = None) -> dict:
         seed=args.seed,
     )
     result = {"requests": args.requests, "kv_tokens": args.kv_tokens, "systems": {}}
-    timed: dict[float, list] = {
-        rate: [] for rate in args.rates
-    }  # rate -> (tokens, context, seconds) of each step
+    # rate -> (tokens, context, seconds) of each step
+    timed: dict[float, list] = {rate: [] for rate in args.rates}
     with tqdm(
         total=len(args.systems) * len(args.rates), desc="latency", unit="run"
     ) as bar:
@@ -222,9 +220,8 @@ def serve_trace(
         time.perf_counter(),
         {},
     )
-    computed: dict[
-        tuple[str, int], int
-    ] = {}  # (request, sequence) -> tokens in its KV cache
+    # (request, sequence) -> tokens in its KV cache
+    computed: dict[tuple[str, int], int] = {}
     now = (lambda: clock) if virtual else (lambda: time.perf_counter() - start)
     while pending or engine.has_unfinished_requests():
         while pending and arrivals[pending[0]] <= now():
@@ -271,10 +268,11 @@ def step_shape(report, computed: dict) -> tuple[int, int]:
 def latency_stats(done: list[tuple[int, float]]) -> dict:
     """Normalized latency (the paper's metric) and the e2e latency of the shortest
     quarter."""
+    # (requests,)
     lengths, e2e = (
         np.array([n for n, _ in done]),
         np.array([s for _, s in done]),
-    )  # (requests,)
+    )
     short = e2e[np.argsort(lengths, kind="stable")[: max(1, len(done) // 4)]]
     return {
         "normalized_latency": float(np.mean(e2e / lengths)),
@@ -407,9 +405,8 @@ def bench_calibrate(args) -> dict:
             f"--decode-steps {args.decode_steps} leaves no room for a prompt in this "
             f"model's context here, {llm.max_model_len} tokens"
         )
-    serve_trace(
-        llm.engine, [0.0], [[llm.model.config.vocab_size // 2] * 8], [2]
-    )  # warm-up
+    # warm-up
+    serve_trace(llm.engine, [0.0], [[llm.model.config.vocab_size // 2] * 8], [2])
     rows = time_steps(llm, args.decode_steps)
     profile = fit_profile(rows)
     result = {
@@ -433,8 +430,7 @@ def bench_calibrate(args) -> dict:
 
 def time_steps(llm, decode_steps: int) -> list[tuple[int, int, float]]:
     """(tokens computed, tokens attended, seconds) of every step of each calibration
-    shape (a
-    prompt longer than the engine's max_model_len allows is cut to fit)."""
+    shape (a prompt longer than the engine's max_model_len allows is cut to fit)."""
     from minipaged.sampling import SamplingParams
 
     vocab, rows = llm.model.config.vocab_size, []

@@ -52,8 +52,7 @@ def fragmentation_arguments(parser) -> None:
 def bench_fragmentation(args) -> dict:
     """One ShareGPT-like trace through each allocator (Orca's max / pow2 / oracle
     chunks, and paging) with the real scheduler (minipaged.simulate): where the KV slots
-    are while requests
-    wait: token states, reserved, internal, external."""
+    are while requests wait: token states, reserved, internal, external."""
     result = fragmentation(args.requests, args.block_size)
     show(args, fragmentation_chart(result), fragmentation_table(result))
     return result
@@ -173,9 +172,8 @@ def decode_tpot(llm, num_decodes: int, num_prompts: int, prompt_len: int) -> dic
             rid.startswith("decode") and kind == "decode"
             for rid, _, kind, _ in report.ran
         ):
-            gaps.append(
-                report.seconds
-            )  # every decoding request waited this step for its token
+            # every decoding request waited this step for its token
+            gaps.append(report.seconds)
         step += 1
     gaps = np.array(gaps)
     return {

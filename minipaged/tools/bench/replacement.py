@@ -20,9 +20,8 @@ from minipaged.tools.bench.workload import ChatTurn, chat_trace
 from minipaged.tools.viz import LineChart
 
 POLICY_NAMES = tuple(REPLACEMENT_POLICIES)  # lru, fifo, clock, random
-SYSTEM_PROMPTS = (
-    3  # apps of the chat trace, each with its own system prompt (the first most used)
-)
+# apps of the chat trace, each with its own system prompt (the first most used)
+SYSTEM_PROMPTS = 3
 
 
 class Offline:
@@ -65,9 +64,8 @@ class Belady(Offline):
         return times[i] if i < len(times) else math.inf
 
     def victim(self, parked) -> int:
-        return max(
-            parked, key=self.next_use
-        )  # the first of equals: the least recently used
+        # the first of equals: the least recently used
+        return max(parked, key=self.next_use)
 
 
 class Scripted(Offline):
@@ -75,8 +73,7 @@ class Scripted(Offline):
     each decision had: the brute force walks every script. The candidates are the parked
     frames whose block some later prompt looks up (sorted), then one frame of those no
     later prompt looks up: which dead block goes is all the same (it is never hit
-    again). `alive[i]` is the
-    set of blocks that prompts after request i look up."""
+    again). `alive[i]` is the set of blocks that prompts after request i look up."""
 
     name = "scripted"
 
@@ -172,9 +169,8 @@ def replay(
         for token in turn.answer:
             manager.append_slot(i, token)
         live.append(i)
-        if (
-            track_peak
-        ):  # frames are only taken within a request: its end is the peak so far
+        # frames are only taken within a request: its end is the peak so far
+        if track_peak:
             held = sum(not state.free for state in manager.frame_states())
             result.peak_frames = max(result.peak_frames, held)
     return result
@@ -200,8 +196,7 @@ def no_eviction_pool(
 ) -> int:
     """The fewest frames in which nothing is ever evicted (every block stays cached):
     from there up, every policy is MIN, and only the misses no pool avoids remain
-    (blocks looked up
-    before any request computed them)."""
+    (blocks looked up before any request computed them)."""
     roomy = sum(-(-(len(t.prompt) + len(t.answer)) // block_size) for t in trace)
     return replay(
         trace, roomy, block_size, "lru", concurrency, track_peak=True
@@ -217,8 +212,7 @@ def brute_force_best(
 ) -> int:
     """The most hits any sequence of eviction choices gets (every choice at every
     eviction tried, dead blocks counted as one): the exact optimum MIN claims to reach.
-    Small traces
-    only: more than max_runs scripts is a ValueError."""
+    Small traces only: more than max_runs scripts is a ValueError."""
     per_request, alive, later = lookups(trace, block_size), [], set()
     for hashes in reversed(per_request):
         alive.append(set(later))
@@ -235,9 +229,8 @@ def brute_force_best(
             raise ValueError(
                 f"more than {max_runs} eviction scripts: use a smaller trace"
             )
-        for k in range(
-            len(policy.choices), len(policy.made)
-        ):  # the decisions taken by default
+        # the decisions taken by default
+        for k in range(len(policy.choices), len(policy.made)):
             stack += [policy.made[:k] + [c] for c in range(1, policy.options[k])]
     return best
 
@@ -245,8 +238,7 @@ def brute_force_best(
 def page_trace(pages: list[int], block_size: int = 2) -> list[ChatTurn]:
     """A classic reference string as requests: page p is a one-block prompt of p's
     tokens (plus a last token, always computed), no answer. Served one at a time, a pool
-    of k + 1 frames
-    caches k pages (the last token's frame is the one more)."""
+    of k + 1 frames caches k pages (the last token's frame is the one more)."""
     return [ChatTurn(i, [p] * block_size + [0], []) for i, p in enumerate(pages)]
 
 
@@ -288,8 +280,7 @@ def anomalies(
 ) -> list[dict]:
     """Belady's anomaly searched for on `seeds` small chat traces, served one request at
     a time: the policy at every pool size from the floor up to `extra` more frames; an
-    anomaly
-    is a pool one frame bigger that hits less."""
+    anomaly is a pool one frame bigger that hits less."""
     found = []
     for seed in range(seeds):
         trace = small_chat_trace(seed)
@@ -332,8 +323,7 @@ def sweep(
 
 def pool_sizes(floor: int, top: int, points: int) -> list[int]:
     """`points` pool sizes from the floor to the top, closer together near the floor,
-    where
-    the policies differ most (spaced as the square of an even step)."""
+    where the policies differ most (spaced as the square of an even step)."""
     return sorted(
         {round(floor + (top - floor) * (i / (points - 1)) ** 2) for i in range(points)}
     )

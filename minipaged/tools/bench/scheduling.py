@@ -30,12 +30,10 @@ from minipaged.tools.bench.simulate import (
 from minipaged.tools.bench.workload import RequestSpec
 from minipaged.tools.viz import BarChart
 
-SEED = (
-    0  # of the workload, the prompts and the arrivals: every run sees the same requests
-)
-CPU = PROFILES[
-    "cpu-smollm2"
-]  # SmolLM2's step times on the 2-core CPU, fitted when it was quiet
+# of the workload, the prompts and the arrivals: every run sees the same requests
+SEED = 0
+# SmolLM2's step times on the 2-core CPU, fitted when it was quiet
+CPU = PROFILES["cpu-smollm2"]
 
 
 def add_arguments(parser) -> None:
@@ -133,8 +131,7 @@ def mixed_workload(
     num_requests: int, seed: int = 0, long_share: float = 0.25
 ) -> list[RequestSpec]:
     """Short chat turns (8-32 prompt tokens, 4-16 out) and, `long_share` of them, long
-    jobs
-    (96-192 prompt tokens, 32-64 out: a document to summarize), in random order."""
+    jobs (96-192 prompt tokens, 32-64 out: a document to summarize), in random order."""
     rng = np.random.default_rng(seed)
     long = rng.random(num_requests) < long_share
     return [
@@ -150,9 +147,8 @@ def mixed_workload(
 def priorities_of(specs: list[RequestSpec]) -> list[int]:
     """vLLM's `priority=` as a client would set it: 1 (later) for the longest quarter of
     jobs, else 0."""
-    order = np.argsort(
-        [s.prompt_len + s.output_len for s in specs], kind="stable"
-    )  # as latency_by_size ranks
+    # as latency_by_size ranks
+    order = np.argsort([s.prompt_len + s.output_len for s in specs], kind="stable")
     longest = set(order[len(specs) - max(1, len(specs) // 4) :].tolist())
     return [int(i in longest) for i in range(len(specs))]
 
@@ -234,9 +230,8 @@ def simulated_part(args) -> dict:
             "seconds": r.clock,
             "preemptions": r.preemptions,
         }
-        sizes = [
-            RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)
-        ]  # (in finish order, as r's lists)
+        # (in finish order, as r's lists)
+        sizes = [RequestSpec(p, o) for p, o in zip(r.prompt_lens, r.output_lens)]
         rows[policy] = latency_by_size(sizes, served)
     return {
         "profile": "opt-13b-a100",
@@ -329,8 +324,7 @@ def serve_requests(
 
 def latency_by_size(specs: list[RequestSpec], served: dict) -> dict:
     """p50/p99 e2e of the shortest and the longest quarter of jobs (prompt + output
-    tokens), all
-    requests' p50, and the longest wait (starvation)."""
+    tokens), all requests' p50, and the longest wait (starvation)."""
     sizes = np.array([s.prompt_len + s.output_len for s in specs])
     e2e = np.array(served["e2e"])
     order = np.argsort(sizes, kind="stable")
@@ -389,9 +383,8 @@ def scheduling_table(result: dict) -> str:
                 f" requests at {part['rate']:g}/s"
             )
         )
-        width = max(
-            9, *map(len, part["policies"])
-        )  # a policy of one's own is named module:Class
+        # a policy of one's own is named module:Class
+        width = max(9, *map(len, part["policies"]))
         lines += [
             where,
             (

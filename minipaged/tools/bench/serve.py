@@ -23,20 +23,19 @@ from minipaged.tools.bench.common import load, random_prompts, serving_arguments
 from minipaged.tools.bench.workload import make_workload
 from minipaged.tools.viz import BarChart
 
+# a participant's short request: prompt tokens, answer tokens
 ROOM_PROMPT, ROOM_TOKENS = (
     32,
     16,
-)  # a participant's short request: prompt tokens, answer tokens
+)
 FLOOD_PROMPT = (
     "Write a very long essay about page tables, frames, paging and virtual memory,"
     " request {}."
 )
-PHASE_SECONDS = (
-    600  # every phase of the room workload ends within this, whatever happens
-)
-FLOOD_ALONE_SECONDS = (
-    15.0  # the flooder alone on an idle server: its tokens/s, measured this long
-)
+# every phase of the room workload ends within this, whatever happens
+PHASE_SECONDS = 600
+# the flooder alone on an idle server: its tokens/s, measured this long
+FLOOD_ALONE_SECONDS = 15.0
 ROOM_SERVERS = [  # (name, server options, runs: (result key, participants?, flooding?))
     (
         "defaults",
@@ -186,8 +185,7 @@ def start_server(
     args, folder, options: list[str]
 ) -> tuple[subprocess.Popen, str, list[str]]:
     """The server in its own process (as a lecturer runs it), with these options;
-    returns it, its
-    URL and what it printed as it started (its pool and its bounds)."""
+    returns it, its URL and what it printed as it started (its pool and its bounds)."""
     threads = str(args.blas_threads)
     env = os.environ | {
         "OPENBLAS_NUM_THREADS": threads,
@@ -378,9 +376,8 @@ def bench_serve(args) -> dict:
         finally:
             process.terminate()
             process.wait(timeout=30)
-        if (
-            scheduler == schedulers[0]
-        ):  # right after its server run: the machine's load is alike
+        # right after its server run: the machine's load is alike
+        if scheduler == schedulers[0]:
             print(
                 f"serve: the same requests at the same moments, through a {scheduler}"
                 " engine in-process ...",
@@ -505,8 +502,7 @@ async def participant(http, key: str, plan) -> list[dict]:
 async def flooder(http, stop: asyncio.Event, counts: dict, i: int) -> None:
     """One of the flooding client's streams: long chats without max_tokens (ignore_eos:
     each takes the server's whole default), one after another until `stop` (then
-    cancelled: a hang-up);
-    a 429 waits its Retry-After (at most 1 s) and tries again."""
+    cancelled: a hang-up); a 429 waits its Retry-After (at most 1 s) and tries again."""
     while not stop.is_set():
         body = {
             "stream": True,
@@ -539,8 +535,7 @@ async def room_run(
     url: str, plans, flood_streams: int, hold_seconds: float = 0.0
 ) -> dict:
     """The participants' plans, beside flood_streams flooding streams (once the flood
-    runs), for
-    at least hold_seconds; the flood's tokens/s while they ran."""
+    runs), for at least hold_seconds; the flood's tokens/s while they ran."""
     import httpx
 
     counts = {
@@ -561,9 +556,8 @@ async def room_run(
             for i in range(flood_streams)
         ]
         deadline = time.monotonic() + 60
-        while (
-            floods and counts["chunks_received"] < 4 and time.monotonic() < deadline
-        ):  # the flood is generating
+        # the flood is generating
+        while floods and counts["chunks_received"] < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         start, before = time.perf_counter(), counts["tokens_received"]
         rows = await asyncio.wait_for(
@@ -654,9 +648,8 @@ def bench_room(args) -> dict:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    idle = result["flooder_alone_no_bound"]["flood"][
-        "tokens_per_s"
-    ]  # the flooder alone, nothing refused
+    # the flooder alone, nothing refused
+    idle = result["flooder_alone_no_bound"]["flood"]["tokens_per_s"]
     for (server, _, _), name in zip(
         ROOM_SERVERS, ("flood", "flood_no_bound", "flood_fair")
     ):

@@ -67,9 +67,8 @@ def bench_sharing(args) -> dict:
         result[mode] = {}
         for dataset, specs in workloads.items():
             if mode == "beam_search" and dataset == "sharegpt":
-                specs = specs[
-                    : max(1, len(specs) // 2)
-                ]  # beams of long outputs are slow on a CPU
+                # beams of long outputs are slow on a CPU
+                specs = specs[: max(1, len(specs) // 2)]
             params = [
                 (
                     SamplingParams(

@@ -26,10 +26,11 @@ SYSTEMS = {  # name -> (allocator, batching policy): the paper's Figure 12 syste
     "contiguous-max": ("contiguous-max", "continuous"),
     "static": ("paged", "static"),
 }
+# tokens; the vLLM paper's Alpaca figures
 ALPACA_PROMPT_MEAN, ALPACA_OUTPUT_MEAN = (
     19.31,
     58.45,
-)  # tokens; the vLLM paper's Alpaca figures
+)
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,12 @@ class Profile:
     max_num_seqs: int = 256
     # seconds per KV frame attended (one more block-table hop, a part-used read)
     per_frame: float = 0.0
-    swap_per_frame: float = (
-        0.0  # seconds of overhead per frame moved to or from host memory (its copies)
-    )
-    swap_per_slot: float = (
-        0.0  # seconds per token slot moved to or from host memory (its bytes)
-    )
-    roofline: bool = (
-        False  # a step takes max(memory, compute) (a GPU overlaps them), else their sum
-    )
+    # seconds of overhead per frame moved to or from host memory (its copies)
+    swap_per_frame: float = 0.0
+    # seconds per token slot moved to or from host memory (its bytes)
+    swap_per_slot: float = 0.0
+    # a step takes max(memory, compute) (a GPU overlaps them), else their sum
+    roofline: bool = False
 
     def step_time(self, num_tokens: int, context_tokens: int, frames: int = 0) -> float:
         memory = (
@@ -72,13 +70,13 @@ def _opt13b_a100() -> Profile:
         2 * 40 * 5120 * 2,
         2 * 13e9,
     )  # B/s, bytes/token, bytes
-    flops = (
-        312e12 * 0.5
-    )  # fp16 tensor cores at half their peak: prefill tokens are compute-bound
+    # fp16 tensor cores at half their peak: prefill tokens are compute-bound
+    flops = 312e12 * 0.5
+    # B/s host <-> device, and seconds per copy (2 x 40 per frame)
     pcie, copy_overhead = (
         25e9,
         2e-6,
-    )  # B/s host <-> device, and seconds per copy (2 x 40 per frame)
+    )
     return Profile(
         "opt-13b-a100",
         fixed=weights / bandwidth,
@@ -144,9 +142,8 @@ def poisson_trace(
     specs: list[RequestSpec], rate: float, seed: int = 0
 ) -> list[Arrival]:
     """Requests arriving as a Poisson process of `rate` per second."""
-    gaps = np.random.default_rng(seed).exponential(
-        1 / rate, len(specs)
-    )  # (num_requests,)
+    # (num_requests,)
+    gaps = np.random.default_rng(seed).exponential(1 / rate, len(specs))
     return [Arrival(float(t), s) for t, s in zip(np.cumsum(gaps), specs)]
 
 
@@ -163,9 +160,8 @@ def trace_specs(
 @dataclass(slots=True)
 class Result:
     system: str
-    latencies: list[float] = field(
-        default_factory=list
-    )  # end-to-end, seconds, per request
+    # end-to-end, seconds, per request
+    latencies: list[float] = field(default_factory=list)
     output_lens: list[int] = field(default_factory=list)
     steps: int = 0
     clock: float = 0.0
@@ -174,21 +170,17 @@ class Result:
             ("token_states", "reserved", "internal", "external"), 0.0
         )
     )
-    loaded_steps: int = (
-        0  # steps with a request waiting (where the memory shares are measured)
-    )
+    # steps with a request waiting (where the memory shares are measured)
+    loaded_steps: int = 0
     refusals: int = 0
     preemptions: int = 0
     swapped_frames: int = 0  # frames moved out and in
-    prompt_lens: list[int] = field(
-        default_factory=list
-    )  # per request, in the order of latencies
-    waits: list[float] = field(
-        default_factory=list
-    )  # seconds from arrival to its first prefill step
-    recomputed_tokens: int = (
-        0  # prefill tokens of requests preempted by recompute, computed again
-    )
+    # per request, in the order of latencies
+    prompt_lens: list[int] = field(default_factory=list)
+    # seconds from arrival to its first prefill step
+    waits: list[float] = field(default_factory=list)
+    # prefill tokens of requests preempted by recompute, computed again
+    recomputed_tokens: int = 0
 
     @property
     def normalized_latency(self) -> float:
@@ -217,9 +209,8 @@ class Simulator:
     ):
         allocator, policy = SYSTEMS[system]
         self.profile, self.measure_memory = profile, measure_memory
-        self.contiguous = allocator.startswith(
-            "contiguous"
-        )  # one region per sequence: no per-frame hops
+        # one region per sequence: no per-frame hops
+        self.contiguous = allocator.startswith("contiguous")
         num_blocks = profile.kv_slots // block_size
         self.blocks = make_block_manager(
             allocator,
@@ -244,9 +235,8 @@ class Simulator:
         self.result = Result(system)
         self.params: dict[int, SamplingParams] = {}
         self.arrivals: dict[Request, float] = {}
-        self.started: dict[
-            Request, float
-        ] = {}  # request -> clock at its first prefill step
+        # request -> clock at its first prefill step
+        self.started: dict[Request, float] = {}
         self.next_id = 0
 
     def run(self, trace: list[Arrival]) -> Result:
@@ -292,22 +282,19 @@ class Simulator:
         seconds = self.profile.step_time(
             batch.num_tokens + len(batch.padding), *self._context(batch)
         )
-        swapped = len(batch.moves.swap_out) + len(
-            batch.moves.swap_in
-        )  # frames of block_size slots
+        # frames of block_size slots
+        swapped = len(batch.moves.swap_out) + len(batch.moves.swap_in)
         seconds += self.profile.swap_time(swapped, self.blocks.block_size)
         self.result.steps += 1
         self.result.preemptions += len(batch.preempted)
         self.result.swapped_frames += swapped
         for s in batch.scheduled:
-            if (
-                s.kind == "prefill" and s.seq.output_ids
-            ):  # it had sampled before: a recompute
+            # it had sampled before: a recompute
+            if s.kind == "prefill" and s.seq.output_ids:
                 self.result.recomputed_tokens += s.num_new_tokens
             self.started.setdefault(s.request, clock)
-        tokens = {
-            seq: 0 for s in batch.scheduled for seq in s.samplers
-        }  # a dummy token each
+        # a dummy token each
+        tokens = {seq: 0 for s in batch.scheduled for seq in s.samplers}
         for request in self.scheduler.update(batch, tokens):
             self.result.latencies.append(clock + seconds - self.arrivals[request])
             self.result.waits.append(
@@ -415,8 +402,7 @@ def max_sustainable_rate(
 
     `known`: rate -> normalized latency already simulated for this trace, seed and
     options (a latency curve's points). The search then starts between the two known
-    rates around the
-    threshold instead of from 1 req/s: a handful of runs fewer."""
+    rates around the threshold instead of from 1 req/s: a handful of runs fewer."""
     specs = trace_specs(trace, num_requests, seed=seed)
     latency = dict(known or {})
 
@@ -446,10 +432,11 @@ def max_sustainable_rate(
     return low
 
 
+# vLLM over Orca
 PAPER_RATE_RATIOS = {
     "vs_contiguous_oracle": (1.7, 2.7),
     "vs_contiguous_max": (2.7, 8.0),
-}  # vLLM over Orca
+}
 FIGURE_SYSTEMS = ("paged", "contiguous-oracle", "contiguous-pow2", "contiguous-max")
 
 
@@ -497,8 +484,7 @@ def ablations(
     by block size (small blocks pay the per-frame attention cost, large ones waste more
     of their last frame), preempting by recompute and by swap (which pays PCIe time per
     slot and a copy overhead per frame moved). Each run also counts its preemptions:
-    where nothing is
-    preempted, the two modes cannot differ."""
+    where nothing is preempted, the two modes cannot differ."""
     specs = trace_specs(trace, num_requests)
 
     def run(**options) -> dict:

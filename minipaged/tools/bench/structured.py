@@ -193,8 +193,7 @@ def unfenced(text: str) -> str:
 
 def mask_cost(llm, batch: int, repeats: int = 20) -> dict:
     """Seconds per step of holding `batch` rows (each at a cached state: allowed() then
-    the
-    -inf mask, sampling.held) next to a decode step's forward at that batch."""
+    the -inf mask, sampling.held) next to a decode step's forward at that batch."""
     constraint = llm.engine.constrainer().compile(
         StructuredOutputsParams(json=EMPLOYEE)
     )

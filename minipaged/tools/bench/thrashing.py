@@ -88,8 +88,7 @@ def add_arguments(parser) -> None:
 def bench_thrashing(args) -> dict:
     """Per KV size: goodput, preemptions and recomputed tokens at each max_num_seqs with
     greedy admission, then the working-set rule untuned, and its goodput over the best
-    hand-tuned one.
-    The engine's greedy tokens must equal across every run (checked)."""
+    hand-tuned one. The engine's greedy tokens must equal across every run (checked)."""
     result = {"window": args.window}
     if args.engine == "yes":
         result["engine"] = engine_part(args)
@@ -177,8 +176,7 @@ def simulated_part(args) -> dict:
 
 def point(output_tokens: int, served: dict) -> dict:
     """Goodput and its counts; on the engine also `modeled_goodput`, its steps priced by
-    the
-    cpu-smollm2 step-time model (the same work, free of the machine's load)."""
+    the cpu-smollm2 step-time model (the same work, free of the machine's load)."""
     modeled = (
         {"modeled_goodput": output_tokens / served["modeled_seconds"]}
         if "modeled_seconds" in served
@@ -217,8 +215,7 @@ def sweep(run, memories: list[int], concurrencies: list[int], bar) -> dict:
 
 def compare(greedy: dict, working_set: dict, field: str) -> dict:
     """The best hand-tuned max_num_seqs by `field`, and the working-set rule and the
-    largest
-    max_num_seqs as fractions of it."""
+    largest max_num_seqs as fractions of it."""
     best = max(greedy, key=lambda n: greedy[n][field])
     return {
         "best_max_num_seqs": best,
@@ -230,8 +227,7 @@ def compare(greedy: dict, working_set: dict, field: str) -> dict:
 def thrashing_chart(result: dict, key: str = "", field: str = "goodput") -> LineChart:
     """`field` (goodput, preemptions, recomputed_tokens) against max_num_seqs, one line
     per KV size, of the engine's part (or `key`: "simulated"); the working-set rule's
-    goodput as a flat
-    line beside each (it has no max_num_seqs to tune)."""
+    goodput as a flat line beside each (it has no max_num_seqs to tune)."""
     key = key or ("engine" if "engine" in result else "simulated")
     memories = result[key]["memories"]
     first = next(iter(memories.values()))

@@ -84,9 +84,10 @@ def bench_throughput(args) -> dict:
             {"prompt_token_ids": ids}
             for ids in random_prompts(specs, args.seed, llm.model.config.vocab_size)
         ]
+        # warm-up
         llm.generate(
             prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
-        )  # warm-up
+        )
         seconds, tokens, reports = serve(llm, prompts, params, desc=name)
         result[name] = {
             "tokens_per_s": tokens / seconds,

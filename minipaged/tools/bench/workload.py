@@ -14,10 +14,11 @@ import numpy as np
 
 from minipaged.paging.manager import BlockManager, MemoryUsage
 
+# tokens; the vLLM paper's ShareGPT figures
 SHAREGPT_PROMPT_MEAN, SHAREGPT_OUTPUT_MEAN = (
     161,
     338,
-)  # tokens; the vLLM paper's ShareGPT figures
+)
 
 
 @dataclass(slots=True)
@@ -35,8 +36,7 @@ def make_workload(
     seed: int = 0,
 ) -> list[RequestSpec]:
     """Prompt and output lengths from log-normal distributions (sigma 1: long-tailed)
-    with the
-    given means, clipped to [min_len, max_len]."""
+    with the given means, clipped to [min_len, max_len]."""
     rng = np.random.default_rng(seed)
 
     def lengths(mean: float) -> np.ndarray:  # (num_requests,)
@@ -59,10 +59,11 @@ def simulate_memory(
     allocated slots), the mean slots a running request holds, the peak allocation and
     the mean of each usage figure.
     """
+    # running: seq id -> tokens left to generate
     waiting, running = (
         deque(enumerate(requests)),
         {},
-    )  # running: seq id -> tokens left to generate
+    )
     steps: list[MemoryUsage] = []
     seq_steps = 0
     while waiting or running:
@@ -72,9 +73,8 @@ def simulate_memory(
             and manager.can_allocate(waiting[0][1].prompt_len)
         ):
             seq_id, request = waiting.popleft()
-            manager.allocate(
-                seq_id, [seq_id] * request.prompt_len
-            )  # distinct per request: no sharing
+            # distinct per request: no sharing
+            manager.allocate(seq_id, [seq_id] * request.prompt_len)
             running[seq_id] = request.output_len
         if not running:
             raise ValueError(
@@ -89,9 +89,8 @@ def simulate_memory(
         for seq_id in [s for s, left in running.items() if left == 0]:
             manager.free(seq_id)
             del running[seq_id]
-    total = MemoryUsage(
-        *(sum(field) for field in zip(*map(astuple, steps)))
-    )  # summed over steps
+    # summed over steps
+    total = MemoryUsage(*(sum(field) for field in zip(*map(astuple, steps))))
     return {
         "utilization": total.utilization,
         "slots_per_request": total.allocated_slots / seq_steps,
@@ -133,9 +132,8 @@ def chat_trace(
     systems = [
         rng.integers(1, vocab, system_len).tolist() for _ in range(num_system_prompts)
     ]
-    popularity = 1 / np.arange(
-        1, num_system_prompts + 1
-    )  # Zipf: app 0 is the most used
+    # Zipf: app 0 is the most used
+    popularity = 1 / np.arange(1, num_system_prompts + 1)
     history, left, started, trace = {}, {}, 0, []
     while left or started < num_conversations:
         while len(left) < active and started < num_conversations:

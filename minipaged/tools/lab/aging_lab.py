@@ -174,10 +174,11 @@ def preempted_first(m) -> None:
 
 
 def rate_is_read(m) -> None:
+    # sizes 50 and 20, r0 has waited 10 steps
     waiting = [
         request("r0", 30, 20, 0),
         request("r1", 12, 8, 10),
-    ]  # sizes 50 and 20, r0 has waited 10 steps
+    ]
     for rate in (1.0, 2.5, 3.0, 4.0, 0.5, 12.0):
         expect(
             m,
@@ -290,16 +291,14 @@ PROPERTIES = [
 # ---- the run: the model served with their waiting order ------------------------------
 
 RUN_RATE = 4.0
-ENGINE = dict(
-    block_size=4, num_blocks=64, max_num_seqs=1, enable_prefix_caching=False
-)  # one at a time
+# one at a time
+ENGINE = dict(block_size=4, num_blocks=64, max_num_seqs=1, enable_prefix_caching=False)
 MAX_STEPS = 400
 
 
 def arrivals() -> list[tuple[int, str, str, SamplingParams]]:
     """(step, id, prompt, params): a long request r0 at step 0, then a short one every 2
-    steps,
-    as fast as one runs: under SJF, r0 waits for the whole stream."""
+    steps, as fast as one runs: under SJF, r0 waits for the whole stream."""
 
     def params(n):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -28,10 +28,11 @@ from minipaged.tools.lab.grading import (
 )
 from minipaged.tools.lab.labs import LABS, Lab
 
+# importing a file; compiling a kernel with the emulation's C++ compiler
 LOAD_S = {
     ".py": 20,
     ".cu": 180,
-}  # importing a file; compiling a kernel with the emulation's C++ compiler
+}
 MODEL_S, ENGINE_S = 120, 300  # loading the model; the two engine runs
 GRACE_S = 5  # the child's own limits come first; the parent's after these seconds
 
@@ -74,11 +75,9 @@ def supervise(
     lab: Lab, path: Path | None, model: str | None, pictures: Path, engine: bool
 ) -> int:
     """Run `grade` in a fresh process; when it ends without a verdict (a loop past its
-    limit, a
-    crash, an exit), say in one sentence what it was doing and how it ended."""
-    context = multiprocessing.get_context(
-        "spawn"
-    )  # the same on Linux, macOS and Windows
+    limit, a crash, an exit), say in one sentence what it was doing and how it ended."""
+    # the same on Linux, macOS and Windows
+    context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     with tempfile.TemporaryDirectory(prefix="minipaged-lab-") as folder:
         trace = Path(folder) / "traceback.txt"
@@ -184,8 +183,7 @@ def grade(
 ) -> None:
     """The whole check, in the child. Before each step it tells the parent what it does
     and for how long; faulthandler writes the traceback if the step outlives its limit
-    (a loop in compiled
-    code, which SIGALRM cannot stop) or the process crashes."""
+    (a loop in compiled code, which SIGALRM cannot stop) or the process crashes."""
     lab = dataclasses.replace(LABS[number], seconds=seconds)
     with open(trace, "w") as log:
         faulthandler.enable(log)

@@ -198,8 +198,7 @@ def trace():
 
 class Guarded:
     """Their policy in the replay, its victims checked: a frame in use chosen is said
-    plainly
-    (the block manager would fail on it further on)."""
+    plainly (the block manager would fail on it further on)."""
 
     def __init__(self, policy, given: str):
         self.policy, self.given, self.evictions = policy, given, 0

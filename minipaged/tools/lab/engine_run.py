@@ -35,9 +35,8 @@ RANDOM_MODEL = "random"
 class Run:
     """What one engine did with the lab's requests."""
 
-    tokens: dict[str, list[list[int]]] = field(
-        default_factory=dict
-    )  # request id -> each sample's tokens
+    # request id -> each sample's tokens
+    tokens: dict[str, list[list[int]]] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # request id -> its first text
     copies: int = 0
     preempted: int = 0
@@ -110,8 +109,7 @@ def names(engine) -> dict:
 
 def load_model(model: str | None) -> tuple[LLM, str]:
     """An LLM on the CPU sized for the lab (its own engine is not used), and a line
-    naming it.
-    Without the real model, a small random one, with a note saying so."""
+    naming it. Without the real model, a small random one, with a note saying so."""
     options = dict(device="cpu", num_blocks=8, block_size=4)
     if model == RANDOM_MODEL:
         return (
@@ -141,8 +139,7 @@ def serve(
     picture: Path,
 ) -> list[str]:
     """Run the lab's requests plugged and built-in; the lines to print. RuntimeError
-    when the
-    participant's engine fails or its tokens differ."""
+    when the participant's engine fails or its tokens differ."""
     work = requests(samples, max_tokens)
     try:
         with plugged(lab, pieces), time_limit(300):
@@ -186,8 +183,7 @@ def serve(
 
 def random_model() -> Path:
     """A 2-layer Llama with random weights whose vocabulary holds the lab's words,
-    written once
-    under the model cache (head_dim 64, as the kernels are built for)."""
+    written once under the model cache (head_dim 64, as the kernels are built for)."""
     from minipaged.model.offline import cache_dir
 
     folder = cache_dir() / "lab-random-model-v1"
@@ -251,7 +247,6 @@ def random_model() -> Path:
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "config.json").write_text(json.dumps(config))
     save_file(tensors, str(folder / "model.partial"))
-    os.replace(
-        folder / "model.partial", folder / "model.safetensors"
-    )  # last, at once: the folder is whole
+    # last, at once: the folder is whole
+    os.replace(folder / "model.partial", folder / "model.safetensors")
     return folder

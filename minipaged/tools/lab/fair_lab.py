@@ -324,9 +324,8 @@ def simulate(order, floods: int = 12) -> tuple[list[str], dict[str, int]]:
                 "prefill" if done == 0 else "decode",
             )
             row[1] += 1
-            if (
-                row[1] > r.params.max_tokens - 1
-            ):  # the prefill's step samples the first token
+            # the prefill's step samples the first token
+            if row[1] > r.params.max_tokens - 1:
                 r.status = Status.FINISHED
                 running.remove(row)
         if not waiting and not running and now >= 8 * EVERY:
@@ -398,16 +397,14 @@ PROPERTIES = [
 
 # ---- the run: the model served with their waiting order ------------------------------
 
-ENGINE = dict(
-    block_size=4, num_blocks=128, max_num_seqs=2, enable_prefix_caching=False
-)  # two rows
+# two rows
+ENGINE = dict(block_size=4, num_blocks=128, max_num_seqs=2, enable_prefix_caching=False)
 MAX_STEPS = 400
 
 
 def arrivals() -> list[tuple[int, str, str, str, SamplingParams]]:
     """(step, id, client, prompt, params): the flooder sends 6 long requests at step 0;
-    alice and
-    bob send short ones while it runs."""
+    alice and bob send short ones while it runs."""
 
     def params(n):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -37,9 +37,8 @@ class Property:
     """One thing the lab's code must do, as a sentence, and the check that tries it."""
 
     sentence: str
-    check: Callable[
-        [object], None
-    ]  # raises Failed (or anything, from their code) when it fails
+    # raises Failed (or anything, from their code) when it fails
+    check: Callable[[object], None]
     given: str = ""  # its inputs, said when the participant's code raises
 
 
@@ -47,9 +46,8 @@ class Property:
 class Verdict:
     sentence: str
     failure: str | None = None  # None: it holds
-    fatal: bool = (
-        False  # their code did not return, or asked to end the process: stop checking
-    )
+    # their code did not return, or asked to end the process: stop checking
+    fatal: bool = False
 
     @property
     def holds(self) -> bool:
@@ -122,8 +120,7 @@ def parameters(function) -> list[tuple]:
 
 def signature_mismatches(module, originals: dict[str, object]) -> list[str]:
     """Every function or method of the participant whose parameters differ from the
-    engine's
-    one of that name (the engine calls them with its own arguments)."""
+    engine's one of that name (the engine calls them with its own arguments)."""
     found = []
     for name, original in originals.items():
         theirs = getattr(module, name)
@@ -165,8 +162,7 @@ def place(error: BaseException, path: Path | None = None) -> str:
 
 def in_one_line(error: BaseException, path: Path | None = None) -> str:
     """'TypeError: message (my_file.py line 12)': the type, the message, and the deepest
-    line of
-    the participant's file in the traceback (else the deepest line anywhere)."""
+    line of the participant's file in the traceback (else the deepest line anywhere)."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return (
         f"{type(error).__name__}{': ' + message if message else ''}{place(error, path)}"
@@ -206,8 +202,7 @@ def what_broke(error: BaseException, path: Path | None) -> str:
 @contextmanager
 def time_limit(seconds: int):
     """TimeoutError when the block runs longer (an endless loop in the participant's
-    code).
-    Where there is no SIGALRM (Windows) or off the main thread, no limit."""
+    code). Where there is no SIGALRM (Windows) or off the main thread, no limit."""
     import threading
 
     if (
@@ -238,9 +233,8 @@ def look_at(module, path: Path | None, failed: Failed) -> str:
     name two classes define is given with both. '' when none is named."""
     if path is None or path.suffix != ".py":
         return ""
-    mine: dict[
-        str, list[tuple[str, int]]
-    ] = {}  # bare name -> (qualified name, first line) in their file
+    # bare name -> (qualified name, first line) in their file
+    mine: dict[str, list[tuple[str, int]]] = {}
     for value in vars(module).values():
         members = vars(value).values() if inspect.isclass(value) else [value]
         for function in members:
@@ -271,8 +265,7 @@ def look_at(module, path: Path | None, failed: Failed) -> str:
 
 def judged(properties: list[Property], module, path: Path | None, seconds: int = 30):
     """Try every property (each within `seconds`), yielding its verdict as soon as it is
-    known;
-    a failure becomes its given input and what went wrong."""
+    known; a failure becomes its given input and what went wrong."""
     for prop in properties:
         try:
             with time_limit(seconds):

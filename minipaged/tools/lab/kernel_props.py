@@ -310,9 +310,8 @@ def decode_matches_the_reference(version: int):
 def prefill_matches_the_reference(m) -> None:
     _lookup_first(m)
     k, v, tables, lens, rng, given = _case(7, [6, 11], num_heads=3, num_kv_heads=1)
-    starts = np.array(
-        [0, 4, 7], np.int32
-    )  # the last 4 and 3 tokens of each are queries
+    # the last 4 and 3 tokens of each are queries
+    starts = np.array([0, 4, 7], np.int32)
     q = rng.standard_normal((7, 3, HEAD_DIM)).astype(np.float32)
     want = reference.prefill(q, k, v, tables, lens, starts, 0.125)
     _compare(
@@ -377,9 +376,8 @@ class Reads:
         ]
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, **options):
-        if (
-            self.pending
-        ):  # the first layer's call: every layer reads through the same tables
+        # the first layer's call: every layer reads through the same tables
+        if self.pending:
             self.pending = False
             _, block_size, num_kv_heads, _ = k_cache.shape
             rows = []
@@ -447,8 +445,7 @@ def reads_svg(
 ) -> str:
     """The frames one decode step read, `per_line` frames a line, each a row of its
     slots: in each slot, the sequence that read it and at which position (dark: a slot
-    several sequences read,
-    the prompt that forked samples share)."""
+    several sequences read, the prompt that forked samples share)."""
     readers: dict[tuple[int, int], list[tuple[str, int]]] = {}
     for name, frames in rows:
         for pos, frame in enumerate(frames):

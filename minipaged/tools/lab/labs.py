@@ -35,9 +35,8 @@ class Lab:
     starter: str  # file name in labs/
     minutes: int  # for a first-timer, hints read as needed
     needs: str  # prerequisites
-    solution: Callable[
-        [], dict
-    ]  # name -> the engine's own object the participant rewrites
+    # name -> the engine's own object the participant rewrites
+    solution: Callable[[], dict]
     properties: list[Property]
     engine: dict  # EngineConfig options of the run with the participant's piece
     samples: bool = True  # does the run include n > 1 (forks)?
@@ -67,9 +66,8 @@ class Lab:
         return SimpleNamespace(**self.solution())
 
 
-TIGHT = dict(
-    block_size=4, num_blocks=24, max_num_seqs=8
-)  # small enough that frames run out
+# small enough that frames run out
+TIGHT = dict(block_size=4, num_blocks=24, max_num_seqs=8)
 
 LABS = {
     lab.number: lab

@@ -66,8 +66,7 @@ def _filled(
 
 def _mapped(m, num_blocks: int, block_size: int, num_tokens: int):
     """A table holding num_tokens tokens, its frames allocated by hand (no append_slot:
-    lab 2's
-    properties then depend on lab 2's methods only)."""
+    lab 2's properties then depend on lab 2's methods only)."""
     pool = m.BlockAllocator(num_blocks, block_size)
     tokens = [100 + i for i in range(num_tokens)]
     hashes, prev = [], None
@@ -210,9 +209,8 @@ def slot_is_frame_times_block_size_plus_offset(m) -> None:
 
 
 def append_takes_a_frame_only_when_the_last_is_full(m) -> None:
-    pool = m.BlockAllocator(
-        16, 4
-    )  # room for a frame per token: a wrong append is seen, not starved
+    # room for a frame per token: a wrong append is seen, not starved
+    pool = m.BlockAllocator(16, 4)
     table = m.BlockTable(pool)
     given = "block_size 4, 10 tokens appended to a new table"
     counts, named, slots = [], [], []
@@ -272,9 +270,8 @@ def append_takes_a_frame_only_when_the_last_is_full(m) -> None:
 
 
 def append_copies_a_shared_last_frame(m) -> None:
-    with plugged(
-        1, m
-    ):  # the engine's fork builds the child by the name BlockTable: theirs
+    # the engine's fork builds the child by the name BlockTable: theirs
+    with plugged(1, m):
         pool, parent = _filled(m, 8, 4, 3)
         shared = int(parent.frames[-1])
         child = parent.fork()
@@ -403,8 +400,7 @@ def _ops(rng: random.Random, length: int, fork: bool) -> list[tuple[str, int]]:
 def _replay(m, ops, num_blocks: int, block_size: int, done: list[str]) -> str | None:
     """Run the ops, saying each in `done`; after each, every table must read back its
     own tokens through its slots (a toy KV cache where the token id is the 'K and V'),
-    and ref
-    counts must match the tables. Returns what went wrong, or None."""
+    and ref counts must match the tables. Returns what went wrong, or None."""
     pool = m.BlockAllocator(num_blocks, block_size)
     kv = np.full(num_blocks * block_size, -1)
     tables, token = [], 0
@@ -498,9 +494,8 @@ def random_mixes(lab: int, fork: bool):
                 ops = _ops(random.Random(seed), 30, fork)
                 done: list[str] = []
                 try:
-                    problem = _replay(
-                        m, ops, 6, 2, done
-                    )  # stops at the first step that goes wrong
+                    # stops at the first step that goes wrong
+                    problem = _replay(m, ops, 6, 2, done)
                 except (NotImplementedError, TimeoutError):
                     raise
                 except Exception as error:
@@ -847,9 +842,8 @@ def lookup_compares_the_tokens(m) -> None:
 
 
 def _cached_pool(m, num_blocks: int, block_size: int = 2):
-    return paging.BlockAllocator(
-        num_blocks, block_size, enable_prefix_caching=True
-    )  # (plugged: their cache)
+    # (plugged: their cache)
+    return paging.BlockAllocator(num_blocks, block_size, enable_prefix_caching=True)
 
 
 def _evicted_is_forgotten(cache, frame: int, block: str) -> str | None:

@@ -128,8 +128,7 @@ def none_found(m) -> None:
 
 def filled(cls, allocator, tokens: int, guesses: int = 0):
     """A table of `cls` holding `tokens` tokens (100, 101, ...) and `guesses` guessed
-    slots,
-    built by the engine's own append_slot and append_guess_slot."""
+    slots, built by the engine's own append_slot and append_guess_slot."""
     table = cls(allocator)
     for i in range(tokens):
         table.append_slot(100 + i)
@@ -474,8 +473,7 @@ def run(pieces, llm, pictures: Path) -> list[str]:
 
 def rollback_pictures(pieces, pictures: Path) -> list[str]:
     """One sequence's page table (your BlockTable) with 5 guessed slots, and after the
-    model
-    kept 1 of them: the text forms, and one picture of each."""
+    model kept 1 of them: the text forms, and one picture of each."""
     with plugged(pieces):
         blocks = paging.BlockManager(8, BLOCK, enable_prefix_caching=False)
         blocks.allocate("s", list(range(100, 110)))

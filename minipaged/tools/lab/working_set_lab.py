@@ -29,8 +29,7 @@ def request(
     lengths: list[int], prompt_len: int, max_tokens: int, finished: int = 0
 ) -> Request:
     """A request of len(lengths) samples, sample i holding lengths[i] tokens (prompt +
-    output);
-    the first `finished` samples are done."""
+    output); the first `finished` samples are done."""
     prompt = [7] * prompt_len
     seqs = [
         Sequence(i, [7] * length, prompt_len, index=i)
@@ -326,8 +325,7 @@ def run(pieces, llm, pictures: Path) -> list[str]:
 
 def thrashing_chart(preempted: dict[str, list[int]]) -> LineChart:
     """Preemptions so far against the step, one line per admission rule (each held at
-    its total
-    after its last step)."""
+    its total after its last step)."""
     steps = max(map(len, preempted.values()))
     series = {}
     for name, per_step in preempted.items():

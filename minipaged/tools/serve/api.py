@@ -69,31 +69,26 @@ class ClientGone(Exception):
 @dataclass
 class ServerConfig:
     model_name: str  # the name clients put in "model" (vLLM's --served-model-name)
-    api_key: str | None = (
-        None  # when set, every /v1 route wants "Authorization: Bearer <key>",
-    )
+    # when set, every /v1 route wants "Authorization: Bearer <key>",
+    api_key: str | None = None
     # and the dashboard's data shows text only to the key
-    max_waiting: int = (
-        256  # unfinished requests beyond max_num_seqs that may queue; more get 503
-    )
+    # unfinished requests beyond max_num_seqs that may queue; more get 503
+    max_waiting: int = 256
     dashboard_show_text: bool = False
     # a chat request without max_tokens (less if the context or pool is smaller)
     default_max_tokens: int = 256
-    max_tokens_limit: int | None = (
-        None  # more is a 400 (None: the context is the only limit)
-    )
-    max_concurrent_per_client: int = (
-        0  # sequences one client may have unfinished; more is a 429 (0: no bound).
-    )
+    # more is a 400 (None: the context is the only limit)
+    max_tokens_limit: int | None = None
+    # sequences one client may have unfinished; more is a 429 (0: no bound).
+    max_concurrent_per_client: int = 0
     # Off for a server built in Python (one caller); the command line's is on
     # vLLM's --enable-force-include-usage: every stream, the usage in every chunk
     force_include_usage: bool = False
     # vLLM's --root-path: behind a proxy's prefix; /v1 and <root_path>/v1 both answer
     root_path: str = ""
     max_body_bytes: int = 1 << 20  # a larger body gets 413
-    snapshot_interval: float = (
-        0.1  # seconds between dashboard snapshots (about 10 a second)
-    )
+    # seconds between dashboard snapshots (about 10 a second)
+    snapshot_interval: float = 0.1
 
 
 class RootPath:
@@ -115,8 +110,7 @@ class Server:
     """One engine, its loop thread and its watchers, behind one FastAPI app (`.app`).
     Nothing here touches the engine: the loop owns it. In Python: `Server(engine,
     tokenizer, ServerConfig(model_name=...))`, and `with ServerThread(server) as url:`
-    (cli.py) serves it
-    from a thread of your process."""
+    (cli.py) serves it from a thread of your process."""
 
     def __init__(self, engine, tokenizer, config: ServerConfig):
         self.config, self.tokenizer = config, tokenizer
@@ -128,15 +122,12 @@ class Server:
             engine.blocks.num_frames,
             engine.blocks.block_size,
         )
-        self.vocab_size = (
-            engine.model.config.vocab_size
-        )  # for the schema: the engine checks token ids
-        self.constrainer = (
-            engine.constrainer
-        )  # structured output's compiler: a bad regex is a 400 at the door
-        order = (
-            engine.scheduler.order
-        )  # a request's `priority` needs a waiting order that reads it
+        # for the schema: the engine checks token ids
+        self.vocab_size = engine.model.config.vocab_size
+        # structured output's compiler: a bad regex is a 400 at the door
+        self.constrainer = engine.constrainer
+        # a request's `priority` needs a waiting order that reads it
+        order = engine.scheduler.order
         self.uses_priority, self.order_name = (
             getattr(order, "uses_priority", False),
             policies.name_of(order),
@@ -155,9 +146,8 @@ class Server:
         self.ids = itertools.count()
         self.created = int(time.time())
         self.app = self._routes(FastAPI(title="minipaged", lifespan=self._lifespan))
-        if (
-            config.root_path
-        ):  # vLLM's --root-path: the router strips the prefix when a path has it
+        # vLLM's --root-path: the router strips the prefix when a path has it
+        if config.root_path:
             self.app.add_middleware(RootPath, root_path=config.root_path.rstrip("/"))
         self.app.openapi = self.openapi
 
@@ -175,9 +165,10 @@ class Server:
             )
         )
         app.exception_handler(HTTPException)(self._no_route)
+        # nginx's "client closed"
         app.exception_handler(ClientGone)(
             lambda request, error: Response(status_code=499)
-        )  # nginx's "client closed"
+        )
         # a bug: still OpenAI's JSON for the client, and (Starlette re-raises it) a
         # traceback in the log
         app.exception_handler(Exception)(
@@ -194,20 +185,17 @@ class Server:
         app.get("/v1/models")(self.models)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/chat/completions")(self.chat_completions)
-        app.post("/invocations")(
-            self.invocations
-        )  # vLLM's (SageMaker's): either of the two above
+        # vLLM's (SageMaker's): either of the two above
+        app.post("/invocations")(self.invocations)
         app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
         app.post("/detokenize")(self.detokenize)
         app.get("/tokenizer_info")(self.tokenizer_info)
         app.get("/version")(lambda: {"version": VERSION})
-        app.get("/ping")(
-            self.health
-        )  # vLLM's /ping (SageMaker's): /health by another name
+        # vLLM's /ping (SageMaker's): /health by another name
+        app.get("/ping")(self.health)
         app.post("/ping")(self.health)
-        app.get("/load")(
-            lambda: {"server_load": self.loop.num_unfinished}
-        )  # vLLM's: requests not yet done
+        # vLLM's: requests not yet done
+        app.get("/load")(lambda: {"server_load": self.loop.num_unfinished})
         app.get("/", include_in_schema=False)(lambda: HTMLResponse(page()))
         app.get("/dashboard/snapshot")(self.snapshot)
         app.get("/dashboard/events", include_in_schema=False)(self.snapshot_events)
@@ -217,8 +205,7 @@ class Server:
         """/openapi.json: the request and response models of protocol.py, with this
         server's own bounds (the model it serves, n up to max_num_seqs, max_tokens up to
         its limit, token ids in its vocabulary, prompts per request up to what may
-        queue), so that a client
-        generator or a fuzzer knows what is accepted."""
+        queue), so that a client generator or a fuzzer knows what is accepted."""
         if self.app.openapi_schema is None:
             self.app.openapi_schema = self._schema()
         return self.app.openapi_schema
@@ -254,9 +241,8 @@ class Server:
         def ref(name: str) -> dict:
             return {"schema": {"$ref": f"#/components/schemas/{name}"}}
 
-        def errors(
-            *statuses: int, key: bool = True
-        ) -> dict:  # key: the route wants the API key
+        # key: the route wants the API key
+        def errors(*statuses: int, key: bool = True) -> dict:
             return {
                 str(s): {
                     "description": ERROR_TYPES[s],
@@ -412,8 +398,7 @@ class Server:
     def _own_bounds(self, schemas: dict) -> dict:
         """The request schemas with what this server accepts: its model, n up to
         max_num_seqs (and a client's share), max_tokens up to the limit, token ids in
-        the vocabulary, prompts up to
-        what may queue (and a client's share)."""
+        the vocabulary, prompts up to what may queue (and a client's share)."""
         limit = min(
             self.config.max_tokens_limit or self.max_model_len, self.max_model_len - 1
         )
@@ -432,13 +417,13 @@ class Server:
         schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] = (
             self.vocab_size - 1
         )
+        # after str
         ids, texts, ids_batch = schemas["CompletionRequest"]["properties"]["prompt"][
             "anyOf"
-        ][1:]  # after str
+        ][1:]
         most = self.max_num_seqs + self.config.max_waiting
-        texts["maxItems"] = ids_batch["maxItems"] = min(
-            most, self.slots.limit or most
-        )  # each prompt is one client slot or more
+        # each prompt is one client slot or more
+        texts["maxItems"] = ids_batch["maxItems"] = min(most, self.slots.limit or most)
         ids["items"]["maximum"] = ids_batch["items"]["items"]["maximum"] = (
             self.vocab_size - 1
         )
@@ -496,9 +481,8 @@ class Server:
 
     async def _completions(self, request: Request, body) -> Response:
         prompts, most = body.prompts(), self.max_num_seqs + self.config.max_waiting
-        if (
-            len(prompts) > most
-        ):  # it could never be queued whole: not a 503 (clients retry those)
+        # it could never be queued whole: not a 503 (clients retry those)
+        if len(prompts) > most:
             raise APIError(
                 400,
                 f"{len(prompts)} prompts in one request, but this server holds at most"
@@ -684,8 +668,7 @@ class Server:
 
     async def _read(self, request: Request, key: bool = True):
         """The body's JSON, read within bounds, after the API key (key: the route wants
-        it) and
-        the media type (vLLM's 415 for anything but JSON)."""
+        it) and the media type (vLLM's 415 for anything but JSON)."""
         if key:
             self._authorize(request)
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -707,9 +690,8 @@ class Server:
             raise too_large
         raw = bytearray()
         try:
-            async for chunk in (
-                request.stream()
-            ):  # a body without Content-Length is counted as it comes
+            # a body without Content-Length is counted as it comes
+            async for chunk in request.stream():
                 raw += chunk
                 if len(raw) > limit:
                     raise too_large
@@ -740,12 +722,10 @@ class Server:
 
     def _log_ignored(self, body) -> None:
         """Unknown fields are ignored, as vLLM ignores them; each name is logged once,
-        at debug
-        level, so that a room's clients do not fill the projector's log."""
+        at debug level, so that a room's clients do not fill the projector's log."""
         new = [name for name in protocol.ignored(body) if name not in self.logged]
-        if (
-            new and len(self.logged) < 1000
-        ):  # a client inventing names does not grow it for ever
+        # a client inventing names does not grow it for ever
+        if new and len(self.logged) < 1000:
             self.logged.update(new)
             LOG.debug(
                 "ignored request fields (unknown to minipaged, as to vLLM): %s",
@@ -773,9 +753,8 @@ class Server:
                 f"({self.max_model_len}). Please, select a smaller truncation size.",
                 "truncate_prompt_tokens",
             )
-        if keep is not None and keep < len(
-            ids
-        ):  # vLLM's truncation_side: left cuts the start, right the end
+        # vLLM's truncation_side: left cuts the start, right the end
+        if keep is not None and keep < len(ids):
             ids, text = (
                 (
                     ids[:keep]
@@ -798,9 +777,8 @@ class Server:
         longest = max(len(p["prompt_token_ids"]) for p in prompts)
         max_tokens, field = body.asked_max_tokens
         limit = self.config.max_tokens_limit
-        if (
-            max_tokens is None
-        ):  # the default, no more than the context left and the pool holds for n
+        # the default, no more than the context left and the pool holds for n
+        if max_tokens is None:
             default = self.config.default_max_tokens if chat else COMPLETIONS_MAX_TOKENS
             max_tokens = max(
                 1,
@@ -821,9 +799,8 @@ class Server:
         try:
             params = body.sampling_params(max_tokens)
         except ValueError as error:
-            field = (
-                getattr(error, "field", None) or str(error).split()[0]
-            )  # tools.BadStructure names its field
+            # tools.BadStructure names its field
+            field = getattr(error, "field", None) or str(error).split()[0]
             raise APIError(
                 400,
                 str(error),
@@ -833,9 +810,8 @@ class Server:
             ("stop_token_ids", "entry", params.stop_token_ids),
             ("logit_bias", "key", params.logit_bias),
         ):
-            bad = [
-                t for t in ids if not 0 <= t < self.vocab_size
-            ]  # as vLLM says it: the id and the size
+            # as vLLM says it: the id and the size
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise APIError(
                     400,
@@ -844,9 +820,8 @@ class Server:
                     f" 0..{self.vocab_size - 1})",
                     field,
                 )
-        if (
-            params.structured_outputs is not None
-        ):  # compiled once here (cached): its errors name the field
+        # compiled once here (cached): its errors name the field
+        if params.structured_outputs is not None:
             try:
                 self.constrainer().compile(params.structured_outputs)
             except ValueError as error:
@@ -953,9 +928,8 @@ class Server:
         completion_tokens = sum(
             len(c.token_ids) for output in outputs for c in output.outputs
         )
-        asked = (
-            chat and body.prompt_logprobs is not None
-        )  # chat's (vLLM's) are the answer's, not a choice's
+        # chat's (vLLM's) are the answer's, not a choice's
+        asked = chat and body.prompt_logprobs is not None
         prompt = (
             {"prompt_logprobs": logprobs.prompt_logprobs(outputs[0].prompt_logprobs)}
             if asked
@@ -963,9 +937,8 @@ class Server:
             if chat
             else {}
         )  # vLLM's chat answer has the field, null when not asked
-        if (
-            chat and body.return_token_ids
-        ):  # vLLM's: the chat's prompt ids beside its choices
+        # vLLM's: the chat's prompt ids beside its choices
+        if chat and body.return_token_ids:
             prompt["prompt_token_ids"] = outputs[0].prompt_token_ids
         return JSONResponse(
             protocol.envelope(response_id, kind, self.config.model_name, choices)
@@ -1018,9 +991,8 @@ class ClientSlots:
 
     def __init__(self, limit: int):
         self.limit = limit  # 0: no bound
-        self.held: Counter[str] = (
-            Counter()
-        )  # client -> sequences unfinished; the event loop's only
+        # client -> sequences unfinished; the event loop's only
+        self.held: Counter[str] = Counter()
 
     def take(self, client: str, prompts: int, n: int):
         """Count prompts × n sequences for client; return the callback that gives one
@@ -1079,16 +1051,16 @@ class Run:
             params,
             done,
         )  # done: per engine request
+        # the client: a fair waiting order shares by it
         self.priority, self.client = (
             priority,
             client,
-        )  # the client: a fair waiting order shares by it
+        )
         self.ids, self.prompts = request_ids, prompts
         self.updates: asyncio.Queue[Update] = asyncio.Queue()
         self.unfinished = set(request_ids)
-        self.early: list[
-            Update
-        ] = []  # text that came while waiting for every acceptance
+        # text that came while waiting for every acceptance
+        self.early: list[Update] = []
         self.watcher: asyncio.Task | None = None
         self.gone = False  # the client hung up
 
@@ -1139,9 +1111,8 @@ class Run:
                 raise APIError(503, update.error)
             if update.output is not None:
                 outputs[update.request_id] = update.output
-        if (
-            self.gone
-        ):  # its requests were aborted: some outputs are missing, and nobody reads them
+        # its requests were aborted: some outputs are missing, and nobody reads them
+        if self.gone:
             raise ClientGone
         return [outputs[request_id] for request_id in self.ids]
 
@@ -1171,16 +1142,15 @@ class Run:
             role is not None,
             bool(body.return_token_ids),
         )
+        # top: None without logprobs
         top, as_ids = (
             body.num_logprobs,
             bool(body.return_tokens_as_token_ids),
-        )  # top: None without logprobs
-        offsets = (
-            Counter()
-        )  # per completions choice: where its next token's text starts (text_offset)
-        usage = (
-            body.include_usage or force_usage
-        )  # force: vLLM's --enable-force-include-usage, whatever was asked
+        )
+        # per completions choice: where its next token's text starts (text_offset)
+        offsets = Counter()
+        # force: vLLM's --enable-force-include-usage, whatever was asked
+        usage = body.include_usage or force_usage
         continuous = force_usage or (
             usage and body.stream_options.continuous_usage_stats
         )
@@ -1191,9 +1161,8 @@ class Run:
             set(),
             set(),
         )  # per choice: its tokens so far; finished; given ids
-        shape = (
-            tools.StreamShape(body.tool_plan) if chat else None
-        )  # content, or tool calls
+        # content, or tool calls
+        shape = tools.StreamShape(body.tool_plan) if chat else None
         completion_tokens = 0
 
         def event(index: int | None, choice: dict, ids=None) -> str:
@@ -1223,8 +1192,7 @@ class Run:
 
         def text(index: int, piece: str, ids, steps=None, completion=None) -> str:
             """New text of choice `index`; with `completion`, also its end (vLLM's last
-            chunk
-            carries the last token's text beside the finish_reason)."""
+            chunk carries the last token's text beside the finish_reason)."""
             reason, stop = (
                 (completion.finish_reason, completion.stop_reason)
                 if completion
@@ -1243,9 +1211,8 @@ class Run:
                 if chat
                 else protocol.completion_choice(index, piece, reason, stop)
             )
-            if (
-                top is not None and steps is not None
-            ):  # the logprobs of this chunk's tokens
+            # the logprobs of this chunk's tokens
+            if top is not None and steps is not None:
                 if chat:
                     choice["logprobs"] = logprobs.chat_logprobs(
                         ids, steps, top, tokenizer, as_ids
@@ -1323,9 +1290,8 @@ class Run:
                     update.logprobs.get(i),
                     ending.pop(i, None),
                 )
-            for i, completion in sorted(
-                ending.items()
-            ):  # ended with no new text (an end-of-sequence token)
+            # ended with no new text (an end-of-sequence token)
+            for i, completion in sorted(ending.items()):
                 yield finish(base + i, completion)
         if usage:
             yield event(None, {})

@@ -9,20 +9,17 @@ from __future__ import annotations
 import hashlib
 import secrets
 
-MAX_CLIENTS = (
-    64  # clients told apart (a room is about 40); later ones are counted as OTHER
-)
+# clients told apart (a room is about 40); later ones are counted as OTHER
+MAX_CLIENTS = 64
 OTHER = "other"
-SALT = secrets.token_bytes(
-    16
-)  # drawn at start: a key's hash on the page cannot test guesses of the key
+# drawn at start: a key's hash on the page cannot test guesses of the key
+SALT = secrets.token_bytes(16)
 
 
 def client_name(client: str) -> str:
     """How a client is shown: 'address', or 'address #3fa2c1' when it sent a key (six
     hex digits of a hash salted at start: the same key, the same digits while the server
-    runs);
-    '(none)' for the engine's unnamed client (LLM.generate)."""
+    runs); '(none)' for the engine's unnamed client (LLM.generate)."""
     address, _, key = client.partition(" ")
     key = key.removeprefix("Bearer ").strip()
     if not key:
@@ -41,9 +38,8 @@ class ClientNames:
 
     def __init__(self, limit: int = MAX_CLIENTS):
         self.limit = limit
-        self.known: dict[
-            str, str
-        ] = {}  # client (the server's name for it) -> its name on the page
+        # client (the server's name for it) -> its name on the page
+        self.known: dict[str, str] = {}
 
     def of(self, client: str) -> str:
         """The name of `client` (given on first sight while there is room, else

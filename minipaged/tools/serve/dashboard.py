@@ -71,9 +71,8 @@ class Styles:
     """
 
     def __init__(self):
-        self.live: dict[
-            str, tuple[int, str]
-        ] = {}  # request id -> (colour index, letter)
+        # request id -> (colour index, letter)
+        self.live: dict[str, tuple[int, str]] = {}
         self.gone: dict[str, str] = {}  # the letters of the last requests that finished
         self.next_colour = self.next_letter = 0
 
@@ -90,8 +89,7 @@ class Styles:
 
     def letter(self, request_id: str) -> str | None:
         """The letter of a live request, or of one that finished lately (static batching
-        still
-        computes its row: padding); None for a request never admitted."""
+        still computes its row: padding); None for a request never admitted."""
         return (
             self.live[request_id][1]
             if request_id in self.live
@@ -103,9 +101,8 @@ class Styles:
         for colour, _ in self.live.values():
             used[colour] += 1
         order = [(self.next_colour + i) % len(PALETTE) for i in range(len(PALETTE))]
-        colour = min(
-            order, key=lambda c: used[c]
-        )  # the first of the least used, in turn
+        # the first of the least used, in turn
+        colour = min(order, key=lambda c: used[c])
         self.next_colour = (colour + 1) % len(PALETTE)
         return colour
 
@@ -138,17 +135,14 @@ class Dashboard:
         timeline_steps: int = 200,
     ):
         self.model_name, self.interval, self.show_text = model_name, interval, show_text
-        self.timeline: deque[dict] = deque(
-            maxlen=timeline_steps
-        )  # one row per step, newest last
-        self.recent: deque[tuple[float, int]] = (
-            deque()
-        )  # (time, tokens sampled), last WINDOW s
+        # one row per step, newest last
+        self.timeline: deque[dict] = deque(maxlen=timeline_steps)
+        # (time, tokens sampled), last WINDOW s
+        self.recent: deque[tuple[float, int]] = deque()
         self.busy_since: float | None = None  # start of this busy spell (None: idle)
         self.styles = Styles()
-        self.ending: list[
-            str
-        ] = []  # finished since the last step: their colours go back after it
+        # finished since the last step: their colours go back after it
+        self.ending: list[str] = []
         self.totals = {
             "steps": 0,
             "finished": 0,
@@ -156,23 +150,19 @@ class Dashboard:
             "guessed": 0,
             "kept": 0,
         }
-        self.latest: dict | None = (
-            None  # replaced, never changed: readers on other threads are safe
-        )
+        # replaced, never changed: readers on other threads are safe
+        self.latest: dict | None = None
         self.public: dict | None = None  # latest without prompts and answers
         self.version, self.published = 0, 0.0
         # each client's service: tokens of its requests that left, its tokens of the
         # last WINDOW s
         self.names = ClientNames()
-        self.served: dict[
-            str, list[int]
-        ] = {}  # client's name -> [prompt, output] tokens of requests that left
-        self.client_of: dict[
-            str, str
-        ] = {}  # request id -> its client, for requests seen and not finished
-        self.window: deque[tuple[float, dict[str, int]]] = (
-            deque()
-        )  # (time, client's name -> tokens computed)
+        # client's name -> [prompt, output] tokens of requests that left
+        self.served: dict[str, list[int]] = {}
+        # request id -> its client, for requests seen and not finished
+        self.client_of: dict[str, str] = {}
+        # (time, client's name -> tokens computed)
+        self.window: deque[tuple[float, dict[str, int]]] = deque()
 
     # ---- the engine loop's watcher interface (engine thread) -------------------------
     def stepped(self, engine, report, idle: bool) -> None:
@@ -180,9 +170,8 @@ class Dashboard:
         if report is not None:
             self._record(report, now)
             self._record_clients(engine, report, now)
-        for (
-            request_id
-        ) in self.ending:  # the loop tells finished() before the step's report
+        # the loop tells finished() before the step's report
+        for request_id in self.ending:
             self.styles.release(request_id)
             self.client_of.pop(request_id, None)
         self.ending.clear()
@@ -200,8 +189,7 @@ class Dashboard:
 
     def finished(self, output, stream) -> None:
         """A request left: its tokens go to its client's service (the loop's record
-        names the
-        client; outside a server, the engine named it at an earlier step)."""
+        names the client; outside a server, the engine named it at an earlier step)."""
         self.totals["finished"] += 1
         self.ending.append(output.request_id)
         client = (
@@ -209,9 +197,8 @@ class Dashboard:
             if stream is not None
             else self.client_of.get(output.request_id, "")
         )
-        self.client_of[output.request_id] = (
-            client  # its last step's tokens are counted after this
-        )
+        # its last step's tokens are counted after this
+        self.client_of[output.request_id] = client
         served = self.served.setdefault(self.names.of(client), [0, 0])
         for i, tokens in enumerate(served_tokens(output, stream)):
             served[i] += tokens
@@ -223,9 +210,8 @@ class Dashboard:
         self.totals["kept"] += sum(kept for *_, kept in report.guesses)
         if self.busy_since is None:
             self.busy_since = now - report.seconds
-        self.recent.append(
-            (now, len(report.ran))
-        )  # each row of the batch sampled a token
+        # each row of the batch sampled a token
+        self.recent.append((now, len(report.ran)))
         while self.recent[0][0] < now - WINDOW:
             self.recent.popleft()
         ran = [
@@ -253,9 +239,8 @@ class Dashboard:
         kept WINDOW s."""
         tokens: dict[str, int] = {}
         for rid, _, _, n in report.ran:
-            request = engine.requests.get(
-                rid
-            )  # a request that finished this step is gone: finished() named it
+            # a request that finished this step is gone: finished() named it
+            request = engine.requests.get(rid)
             if request is not None:
                 self.client_of[rid] = request.client
             name = self.names.of(self.client_of.get(rid, ""))
@@ -299,14 +284,14 @@ class Dashboard:
                 owners = sorted(
                     {index_of[seq_id] for seq_id in state.owners if seq_id in index_of}
                 )
+                # [ref count, requests that map it]
                 frames[state.frame] = [
                     len(state.owners),
                     *owners,
-                ]  # [ref count, requests that map it]
+                ]
             elif state.cached:
-                frames[state.frame] = (
-                    "c"  # a cached prefix block nobody maps: free, but findable again
-                )
+                # a cached prefix block nobody maps: free, but findable again
+                frames[state.frame] = "c"
         queries, hits = blocks.prefix_cache_queries, blocks.prefix_cache_hits
         return {
             "model": self.model_name,
@@ -368,9 +353,8 @@ class Dashboard:
             for request in queue:
                 view = row(self.names.of(request.client))
                 view["running" if status == "running" else "waiting"] += 1
-                if (
-                    status != "waiting" or request.request_id in self.styles.live
-                ):  # it ran: served so far
+                # it ran: served so far
+                if status != "waiting" or request.request_id in self.styles.live:
                     view["prompt_tokens"] += len(request.prompt_token_ids)
                     view["output_tokens"] += sum(
                         len(seq.output_ids) for seq in request.seqs
@@ -386,9 +370,8 @@ class Dashboard:
             row(name)["recent_tokens"] += n
         for view in rows.values():
             view["share"] = round(view["recent_tokens"] / total, 4) if total else 0.0
-        service = getattr(
-            engine.scheduler.order, "service", None
-        )  # fair queuing's counters, if the order keeps them
+        # fair queuing's counters, if the order keeps them
+        service = getattr(engine.scheduler.order, "service", None)
         for client, value in (service() if callable(service) else {}).items():
             name = self.names.of(client)
             if name != OTHER:  # OTHER folds many clients: no one counter
@@ -408,9 +391,8 @@ class Dashboard:
             if self.show_text:
                 seq_view["text"] = seq.released_text
             seqs.append(seq_view)
-        rid = (
-            request.request_id
-        )  # waiting: coloured if preempted (admitted before); padding: finished, grey
+        # waiting: coloured if preempted (admitted before); padding: finished, grey
+        rid = request.request_id
         admitted = status in ("running", "swapped") or rid in self.styles.live
         colour, label = (
             self.styles.of(rid) if admitted else (None, self.styles.letter(rid))

@@ -27,18 +27,14 @@ class Update:
     """
 
     request_id: str
-    text: dict[int, str] = field(
-        default_factory=dict
-    )  # sequence index -> text released since the last update
-    token_ids: dict[int, list[int]] = field(
-        default_factory=dict
-    )  # sequence index -> tokens since the last one
-    logprobs: dict[int, list] = field(
-        default_factory=dict
-    )  # sequence index -> those tokens' logprobs (if asked)
-    finished: dict[int, CompletionOutput] = field(
-        default_factory=dict
-    )  # sequences that finished since
+    # sequence index -> text released since the last update
+    text: dict[int, str] = field(default_factory=dict)
+    # sequence index -> tokens since the last one
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    # sequence index -> those tokens' logprobs (if asked)
+    logprobs: dict[int, list] = field(default_factory=dict)
+    # sequences that finished since
+    finished: dict[int, CompletionOutput] = field(default_factory=dict)
     output: RequestOutput | None = None  # the last update of a request that ran
     error: str | None = None  # add_request refused it (nothing was queued)
 
@@ -56,24 +52,19 @@ class Stream:
     arrival: float
     params: object = None  # its SamplingParams (n, max_tokens for the metrics)
     client: str = ""  # who sent it (Server._client): each client's service
-    sent: dict[int, int] = field(
-        default_factory=dict
-    )  # sequence index -> characters handed out
-    ids_sent: dict[int, int] = field(
-        default_factory=dict
-    )  # sequence index -> tokens handed out
-    finished: set[int] = field(
-        default_factory=set
-    )  # sequences whose finish was handed out
+    # sequence index -> characters handed out
+    sent: dict[int, int] = field(default_factory=dict)
+    # sequence index -> tokens handed out
+    ids_sent: dict[int, int] = field(default_factory=dict)
+    # sequences whose finish was handed out
+    finished: set[int] = field(default_factory=set)
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
-    gaps: list[float] = field(
-        default_factory=list
-    )  # seconds between its steps after the first
-    done: Callable[[], None] | None = (
-        None  # called on its event loop after the last update
-    )
+    # seconds between its steps after the first
+    gaps: list[float] = field(default_factory=list)
+    # called on its event loop after the last update
+    done: Callable[[], None] | None = None
 
     def ran(self, start: float, end: float) -> None:
         """It was in a step from start to end: the first one samples its first token."""
@@ -98,9 +89,8 @@ class EngineLoop:
         self.inbox: queue.Queue = queue.Queue()
         self.streams: dict[str, Stream] = {}  # touched by the engine thread only
         self.accepted = self.done = 0  # requests in and out: each written by one thread
-        self.aborting: set[str] = (
-            set()
-        )  # aborts asked for, not yet done: they hold no place
+        # aborts asked for, not yet done: they hold no place
+        self.aborting: set[str] = set()
         self.error: str | None = None  # set if a step failed: the loop has stopped
         self.thread = threading.Thread(
             target=self._run, name="minipaged-engine", daemon=True
@@ -119,8 +109,7 @@ class EngineLoop:
     ) -> None:
         """Queue a request; its Updates arrive in `updates` (one queue may serve
         several), and `done()` runs once the engine has let go of it (finished, aborted
-        or refused); `client`
-        names who sent it (Server._client)."""
+        or refused); `client` names who sent it (Server._client)."""
         self.accepted += 1
         self.inbox.put(
             (
@@ -299,9 +288,8 @@ class EngineLoop:
             self.done += 1
             self.aborting.discard(request_id)
 
-        def deliver() -> (
-            None
-        ):  # one callback: the handler never sees the last update with its slot held
+        # one callback: the handler never sees the last update with its slot held
+        def deliver() -> None:
             stream.queue.put_nowait(update)
             if last and stream.done is not None:
                 stream.done()

@@ -149,8 +149,7 @@ class VLLMNames:
 class Metrics:
     """The registry of one server (tests run several in one process: no global
     registry). It is told of every step and every finished request on the engine thread,
-    and reads the engine
-    there; /metrics only renders the registry, under both names."""
+    and reads the engine there; /metrics only renders the registry, under both names."""
 
     def __init__(
         self,
@@ -189,10 +188,11 @@ class Metrics:
         self.hits = metric(
             Counter, "prefix_cache_hits", "Of those, tokens found in the prefix cache."
         )
+        # the block manager's counters, as far as counted
         self.counted = {
             "queries": 0,
             "hits": 0,
-        }  # the block manager's counters, as far as counted
+        }
         self.preemptions = metric(
             Counter, "num_preemptions", "Preemptions (recompute or swap)."
         )
@@ -358,8 +358,7 @@ class Metrics:
 
     def finished(self, output, stream) -> None:
         """A request left the engine (finished or aborted): its counts, and its times
-        from the
-        loop's record of it (loop.Stream)."""
+        from the loop's record of it (loop.Stream)."""
         now = time.perf_counter()
         prompt, generated = (
             len(output.prompt_token_ids),

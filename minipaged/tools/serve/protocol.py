@@ -102,20 +102,17 @@ StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LEN)]
 
 
 class StreamOptions(Strict):
-    include_usage: bool = (
-        False  # current vLLM's default, and OpenAI's: stream_options={} asks for none
-    )
-    continuous_usage_stats: bool = (
-        False  # vLLM's extension: the usage so far in every chunk
-    )
+    # current vLLM's default, and OpenAI's: stream_options={} asks for none
+    include_usage: bool = False
+    # vLLM's extension: the usage so far in every chunk
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(Strict):
     """What completions and chat completions share. Fields and defaults follow
     vllm/entrypoints/openai/protocol.py, with vLLM's extensions `top_k`, `ignore_eos`
     and `stop_token_ids`; the bounds are OpenAI's. The server's /openapi.json adds its
-    own: the
-    model it serves, n up to its max_num_seqs, max_tokens up to its limit."""
+    own: the model it serves, n up to its max_num_seqs, max_tokens up to its limit."""
 
     model: str | None = None
     n: Int(ge=1) = 1
@@ -369,19 +366,16 @@ class ContentPart(Strict):
     text: str
 
 
-Role = Literal[
-    "system", "user", "assistant", "developer", "tool"
-]  # vLLM hands each to the chat template as it is
+# vLLM hands each to the chat template as it is
+Role = Literal["system", "user", "assistant", "developer", "tool"]
 
 
 class ChatMessage(Strict):
     role: Role
-    tool_calls: list[dict] | None = (
-        None  # an assistant's earlier calls, shown to the template
-    )
-    content: (
-        str | Annotated[list[ContentPart], Field(min_length=1)] | None
-    )  # required (null: tool calls only)
+    # an assistant's earlier calls, shown to the template
+    tool_calls: list[dict] | None = None
+    # required (null: tool calls only)
+    content: str | Annotated[list[ContentPart], Field(min_length=1)] | None
     name: str | None = None
     tool_call_id: str | None = None  # a tool's answer: to which call
 
@@ -555,8 +549,7 @@ def decode(raw: bytes):
 
 def parse(model: type[Strict], body) -> Strict:
     """Validate a decoded JSON body; the first problem becomes an APIError naming its
-    field
-    (OpenAI's way: `messages[0].content`)."""
+    field (OpenAI's way: `messages[0].content`)."""
     if not isinstance(body, dict):
         raise APIError(
             400, f"the request body must be a JSON object, got {type(body).__name__}"
@@ -736,8 +729,7 @@ def ignored(request: BaseModel, where: str = "") -> list[str]:
 
 def check_logprobs(request: SamplingFields) -> None:
     """vLLM's rules for logprobs and echo: top_logprobs needs logprobs (chat); prompt
-    logprobs
-    never stream (vLLM's)."""
+    logprobs never stream (vLLM's)."""
     if getattr(request, "top_logprobs", None) and not request.logprobs:
         raise APIError(
             400,
@@ -757,8 +749,7 @@ def check_logprobs(request: SamplingFields) -> None:
 def check_values(value, where: tuple = ()) -> None:
     """Before the fields are read, what no field may hold: text that is not Unicode (a
     lone surrogate such as "\\ud800", which JSON escapes allow and a tokenizer cannot
-    take), an
-    integer of more than MAX_DIGITS digits, nesting deeper than MAX_DEPTH."""
+    take), an integer of more than MAX_DIGITS digits, nesting deeper than MAX_DEPTH."""
     if len(where) > MAX_DEPTH:
         raise APIError(
             400,
@@ -787,8 +778,7 @@ def check_values(value, where: tuple = ()) -> None:
 
 def field_name(loc) -> str:
     """('messages', 0, 'content') -> 'messages[0].content'; the union members pydantic
-    names on
-    the way ('str', 'list[constrained-int]') are not part of it."""
+    names on the way ('str', 'list[constrained-int]') are not part of it."""
     name = ""
     for part in loc:
         if isinstance(part, int):
@@ -959,9 +949,8 @@ class CompletionResponse(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    role: (
-        Role  # the assistant's, or with add_generation_prompt false the last message's
-    )
+    # the assistant's, or with add_generation_prompt false the last message's
+    role: Role
     content: str
 
 

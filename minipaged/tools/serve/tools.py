@@ -286,8 +286,7 @@ class StreamShape:
     """The deltas of a streamed chat under a ToolPlan. A named function's arguments
     stream as they come (`tool_calls[0].function.arguments` pieces, the id and name in
     the first); "required" and "auto" hold each choice's text to its end, where it is
-    either calls or
-    text; without tools each piece is `content`, as always."""
+    either calls or text; without tools each piece is `content`, as always."""
 
     def __init__(self, plan: ToolPlan):
         self.plan, self.held, self.called, self.ids = plan, {}, set(), {}

@@ -175,16 +175,14 @@ class BarChart:
         return self.svg()
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
-        printer.text(
-            str(self)
-        )  # IPython's text form (a terminal, or text-only output): the text chart
+        # IPython's text form (a terminal, or text-only output): the text chart
+        printer.text(str(self))
 
 
 @dataclass(slots=True)
 class LineChart:
     """One or more series over the same x values, the y axis from 0. str() is a table of
-    the
-    points (every one, or evenly thinned to max_rows), _repr_html_() an SVG."""
+    the points (every one, or evenly thinned to max_rows), _repr_html_() an SVG."""
 
     title: str
     x: list[float]
@@ -313,6 +311,5 @@ class LineChart:
         return self.svg()
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
-        printer.text(
-            str(self)
-        )  # IPython's text form (a terminal, or text-only output): the text chart
+        # IPython's text form (a terminal, or text-only output): the text chart
+        printer.text(str(self))

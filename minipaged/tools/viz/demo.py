@@ -29,8 +29,7 @@ def two_sequences() -> BlockManager:
 
 def reused_frames() -> BlockManager:
     """two_sequences() at the end of notebook 2: s1 finished and freed its frames, then
-    s3 (a
-    20-token prompt) took the free frames, s1's among them, wherever they lie."""
+    s3 (a 20-token prompt) took the free frames, s1's among them, wherever they lie."""
     manager = two_sequences()
     manager.free("s1")
     manager.allocate("s3", list(range(600, 620)))

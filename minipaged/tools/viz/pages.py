@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 def _styles(manager: BlockManager) -> dict:
     """seq id -> (letter, color). Integer ids (the engine's) keep theirs for life: id %
-    26 and
-    id % 10; other ids go by their order in the manager (A..Z, then '#')."""
+    26 and id % 10; other ids go by their order in the manager (A..Z, then '#')."""
 
     def style(i: int, seq_id) -> tuple[str, str]:
         n = seq_id if isinstance(seq_id, int) else i
@@ -195,9 +194,8 @@ class PageTableView:
 
     manager: BlockManager
     seq_ids: list
-    max_frames_drawn: int = (
-        48  # a larger pool draws only the frames these sequences map
-    )
+    # a larger pool draws only the frames these sequences map
+    max_frames_drawn: int = 48
 
     def __str__(self) -> str:
         return "\n".join(self._text(seq_id) for seq_id in self.seq_ids)
@@ -247,9 +245,8 @@ class PageTableView:
             letter, color = styles[seq_id]
             boxes.append(_svg_label(y, f"{letter} {seq_id!r}"))
             view = m.table_view(seq_id)
-            first_guess = (
-                view.num_tokens - view.guesses
-            )  # blocks from here on hold guesses: "?"
+            # blocks from here on hold guesses: "?"
+            first_guess = view.num_tokens - view.guesses
             for i, frame in enumerate(tables[seq_id]):
                 x = left + i * CELL
                 guessed = (i + 1) * m.block_size > first_guess and view.guesses > 0

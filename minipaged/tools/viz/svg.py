@@ -46,8 +46,7 @@ def _svg(
     width: float, height: float, body: list[str], at: tuple[float, float] | None = None
 ) -> str:
     """An SVG drawn at width x height px that shrinks to fit a narrower page (never
-    grows); or,
-    placed `at` (x, y) inside another SVG, one that keeps its size there."""
+    grows); or, placed `at` (x, y) inside another SVG, one that keeps its size there."""
     place = f'x="{at[0]}" y="{at[1]}" ' if at else ""
     style = "" if at else ' style="max-width: 100%; height: auto"'
     return (
@@ -96,8 +95,7 @@ def _svg_legend(y: float, names: list[str]) -> list[str]:
 
 def _wrap(line: str, columns: int) -> list[str]:
     """A legend line cut into lines of at most `columns` characters, between its entries
-    (which
-    are two spaces apart), so that no entry is split."""
+    (which are two spaces apart), so that no entry is split."""
     lines = [""]
     for entry in line.split("  "):
         if lines[-1] and len(lines[-1]) + 2 + len(entry) > columns:
@@ -110,15 +108,13 @@ def _framed(
     title: str, width: float, height: float, body: list[str], notes: list[str] = ()
 ) -> str:
     """A standalone figure: the bold title, under it the drawing (width x height px of
-    `body`),
-    under that the notes (legend lines), wrapped at the drawing's width."""
+    `body`), under that the notes (legend lines), wrapped at the drawing's width."""
     columns = max(60, int(width / CHAR_W))
     lines = [wrapped for note in notes for wrapped in _wrap(note, columns)]
     top = TITLE_FONT + 16
     parts = [_svg_title(title), _svg(width, height, body, at=(PAD, top))]
-    for i, line in enumerate(
-        lines
-    ):  # xml:space keeps the two spaces between legend entries
+    # xml:space keeps the two spaces between legend entries
+    for i, line in enumerate(lines):
         text = _svg_text(PAD, top + height + FONT + 10 + i * LINE_H, line)
         parts.append(text.replace("<text ", '<text xml:space="preserve" ', 1))
     full_width = max(

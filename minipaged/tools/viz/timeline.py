@@ -114,9 +114,8 @@ class Timeline:
                     f' x="{left + step * w + 1.5}" y="{y + 1.5}" width="{w - 4}"'
                     f' height="{h - 5}" fill="{fill}"{stroke}/></g>'
                 )
-        axis = (
-            top + len(rows) * h + FONT + 4
-        )  # step numbers under the grid, every 5 steps
+        # step numbers under the grid, every 5 steps
+        axis = top + len(rows) * h + FONT + 4
         body += [
             _svg_text(
                 left + step * w + w / 2,
