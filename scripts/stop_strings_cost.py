@@ -3,9 +3,10 @@ requests of 150 tokens decode side by side, the second with `--stops` stop strin
 `--length` characters that never match; prints the mean step time while both run, and
 how much the stop strings add.
 
-    python scripts/stop_strings_cost.py                      # the largest list
-    SamplingParams allows python scripts/stop_strings_cost.py --stops 20000 --length 40
-    # the issue's (refused since)
+    # the largest list SamplingParams allows:
+    python scripts/stop_strings_cost.py
+    # the issue's (refused since):
+    python scripts/stop_strings_cost.py --stops 20000 --length 40
 """
 
 import argparse

@@ -30,9 +30,9 @@ checked by code of this file only (it reads engine internals, never changes them
   block size and max_model_len; continuous, no prefix caching, no speculation): token
   ids, text, finish_reason (with speculation, greedy requests only: a sampled one draws
   other random numbers, so its output obeys the rules below). An aborted request's
-  tokens and text are prefixes of the alone run's, per sample index.
-  Outputs also obey rules of their own (length limits, no stop string in the text,
-  greedy samples equal, cached tokens fewer than the prompt).
+  tokens and text are prefixes of the alone run's, per sample index. Outputs also obey
+  rules of their own (length limits, no stop string in the text, greedy samples equal,
+  cached tokens fewer than the prompt).
 
 A second test mixes `generate`, `stream` (consumed fully, closed early, abandoned) and
 `engine.add_request` on one `LLM`, and checks that every later `generate` is still

@@ -164,8 +164,9 @@ def num_blocks_for_memory(
 ) -> int:
     """How many frames fit in `kv_cache_memory` bytes:
 
-        bytes per frame = 2 (K and V) × num_layers × block_size × num_kv_heads ×
-        head_dim × itemsize num_blocks      = kv_cache_memory // bytes per frame
+        bytes per frame = 2 (K and V) × num_layers × block_size × num_kv_heads
+                          × head_dim × itemsize
+        num_blocks      = kv_cache_memory // bytes per frame
 
     SmolLM2-135M in fp16 (30 layers, 3 KV heads, head_dim 64), block_size 16:
     2 × 30 × 16 × 3 × 64 × 2 = 368,640 bytes a frame (23,040 a token); 1 GiB holds 2,912

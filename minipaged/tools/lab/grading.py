@@ -229,8 +229,8 @@ def time_limit(seconds: int):
 def look_at(module, path: Path | None, failed: Failed) -> str:
     """'\nlook at your allocate (my_file.py line 8)': the first of the participant's own
     methods the message names as a call (`allocate(`, `.allocate`), the failure's text
-    before its input; a
-    name two classes define is given with both. '' when none is named."""
+    before its input; a name two classes define is given with both. '' when none is
+    named."""
     if path is None or path.suffix != ".py":
         return ""
     # bare name -> (qualified name, first line) in their file
