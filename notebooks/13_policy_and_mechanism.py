@@ -61,9 +61,10 @@ for option, table in policies.SEAMS.items():
 # In minipaged the core (`engine.py`, `scheduler.py`, `runner.py`) keeps the queues, the frames,
 # the page tables and the step. Every decision an idea of the series changes is asked of a
 # policy on a named seam: the option above, which takes a name from its table, an object, or a
-# `"module:Class"` path. Two seams are not in this registry because each is a whole component:
-# speculation (`speculative_config`, `minipaged/speculative/`) and the host tier
-# (`kv_offload_frames`, `minipaged/paging/tier.py`).
+# `"module:Class"` path. Three seams are not in this registry because each is a whole
+# component: speculation (`speculative_config`, `minipaged/speculative/`), the host tier
+# (`kv_offload_frames`, `minipaged/paging/tier.py`) and the KV storage (`kv_cache_dtype`, a
+# codec of `minipaged/attention/codecs.py`).
 #
 # A policy is a few lines. Here are the scheduler's three defaults, the whole file: first come
 # first served, admit what fits now, preempt the newest.
