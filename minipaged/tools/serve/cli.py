@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import inspect
 import json
 import os
 import re
@@ -18,7 +19,9 @@ import time
 
 import uvicorn
 
+from minipaged import policies
 from minipaged.llm import CommandParser, number, policy
+from minipaged.policies.fair import Fair
 from minipaged.speculative import SpeculativeConfig
 from minipaged.tools.serve.api import Server, ServerConfig
 
@@ -58,17 +61,26 @@ def seam(option: str) -> dict:
     return {"type": policy(option), "metavar": policy(option).metavar}
 
 
+def is_fair(spec) -> bool:
+    """Does a --scheduling-policy name fair queuing: "fair", or a "module:Class" path
+    to Fair, to a subclass of it or to an instance of one?"""
+    found = policies.resolve("scheduling_policy", spec)
+    return isinstance(found, Fair) or (
+        inspect.isclass(found) and issubclass(found, Fair)
+    )
+
+
 class ServeParser(CommandParser):
     """The server's parser: --max-concurrent-per-client's default follows
-    --scheduling-policy (4 sequences per client; none under fair, which keeps each
-    client's share by order, not by 429s).
+    --scheduling-policy (4 sequences per client; none under fair, however it is named,
+    which keeps each client's share by order, not by 429s).
     """
 
     def parse_known_args(self, args=None, namespace=None):
         parsed, rest = super().parse_known_args(args, namespace)
         if getattr(parsed, "max_concurrent_per_client", 0) is None:
             parsed.max_concurrent_per_client = (
-                0 if parsed.scheduling_policy == "fair" else 4
+                0 if is_fair(parsed.scheduling_policy) else 4
             )
         return parsed, rest
 
@@ -264,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
             " room's batch. A client is its address and the API key it sends. 4: a room"
             " of 20 sharing the default batch of 64 rows gets about 3 each, and 4 lets"
             " a participant send n=3, or a few streams, at once (0: no bound; default"
-            " 4, and 0 with --scheduling-policy fair, whose order keeps the share)"
+            " 4, and 0 when --scheduling-policy is fair, by name or module:Class,"
+            " whose order keeps the share)"
         ),
     )
     add(
