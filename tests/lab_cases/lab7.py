@@ -118,6 +118,21 @@ MISTAKES = [
         "now",
         TIES,
     ),
+    (
+        "the rate truncated to a whole number (int(self.rate): 2.5 counts as 2)",
+        "- self.rate * (now",
+        "- int(self.rate) * (now",
+        RATE,
+    ),
+    (
+        "ties broken by the request id as a string ('r10' before 'r2')",
+        "if best is None or size < best_size:",
+        (
+            "if best is None or (size, request.request_id) < (best_size,"
+            " best.request_id):"
+        ),
+        TIES,
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

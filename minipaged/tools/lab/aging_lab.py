@@ -154,6 +154,20 @@ def ties_go_to_the_oldest(m) -> None:
         9,
         "equal sizes, equal arrivals: the first in the queue goes first",
     )
+    # at step 9, aged by 2 a step: 30 - 14 = 16 and 24 - 8 = 16
+    waiting = [
+        request("r2", 20, 10, 2),
+        request("r10", 14, 10, 5),
+    ]
+    expect(
+        m,
+        2.0,
+        waiting,
+        9,
+        "r2 and r10 are equal after aging (16); the oldest goes first, r2, which"
+        " arrived at step 2: a request id is a name, not an order ('r10' < 'r2' as"
+        " strings)",
+    )
 
 
 def preempted_first(m) -> None:
@@ -188,6 +202,19 @@ def rate_is_read(m) -> None:
             f"aging forgives self.rate = {rate:g} tokens per step waited, so r0 counts "
             f"50 - {rate:g} * 10 = {50 - rate * 10:g} tokens against r1's 20",
         )
+    # a fraction of a token per step counts: with a rate of 2 r1 would go
+    waiting = [
+        request("r0", 30, 20, 0),
+        request("r1", 12, 15, 10),
+    ]
+    expect(
+        m,
+        2.5,
+        waiting,
+        10,
+        "aging forgives self.rate = 2.5 tokens per step waited, the fraction too, so r0"
+        " counts 50 - 2.5 * 10 = 25 tokens against r1's 27 (with 2 it would count 30)",
+    )
 
 
 S, RATE, STEPS, SHORT = (
@@ -277,7 +304,8 @@ PROPERTIES = [
         "a job waited for counts rate tokens less per step waited, the rate read from"
         " self.rate",
         rate_is_read,
-        "Aging(rate).pick of an old big job and a new small one, for 6 rates",
+        "Aging(rate).pick of an old big job and a new small one, for 6 rates and a"
+        " fractional one",
     ),
     Property(
         "aging bounds the wait: a stream of short jobs does not starve a long one",
