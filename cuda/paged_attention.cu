@@ -621,14 +621,19 @@ __global__ void paged_attention_v7(
 // write_kv_int8: write_kv (cuda/cache_ops.cu) for v7's 8-bit cache: each new token's K and V rows
 // are coded on their way into their slot, bit for bit as minipaged/attention/reference.py's
 // write_coded codes them, so a GPU run and a CPU run store the same bytes:
-//     scale = max|x| / 127, rounded to fp16;  code = x / scale rounded to nearest even, in -127..127
-// (the division is by the fp16 scale read back as a float, and a scale of 0, a row of zeros,
-// codes 0). A row's codes depend on that row alone: a token written in a prefill, a decode step or
-// after a preemption gets the same codes. One block per new token (-1 in slot_mapping: nothing is
-// written); its 4 warps take the 2 * num_kv_heads rows (K of every KV head, then V), a warp per
-// row, lane i holding elements i, i + 32, ...: the row's max is a butterfly, then each lane codes
-// its own elements. Cost: one pass over the row in registers, nothing in shared memory.
+//     scale = min(max|x| / 127, 65504), rounded to fp16;  code = x / scale rounded to nearest even,
+//     in -127..127
+// (the division is by the fp16 scale read back as a float, and a scale of 0, a row of zeros, codes
+// 0). 65504 is fp16's largest finite value: a row beyond 127 * 65504 (about 8.3e6) keeps a finite
+// scale and its largest codes saturate at +-127, where an infinite scale would code them 0, and 0
+// times infinity decodes to NaN. A row's codes depend on that row alone: a token written in a
+// prefill, a decode step or after a preemption gets the same codes. One block per new token (-1 in
+// slot_mapping: nothing is written); its 4 warps take the 2 * num_kv_heads rows (K of every KV
+// head, then V), a warp per row, lane i holding elements i, i + 32, ...: the row's max is a
+// butterfly, then each lane codes its own elements. Cost: one pass over the row in registers,
+// nothing in shared memory.
 constexpr float CODE_MAX = 127.0f;                   // the largest int8 code used (-128 never is)
+constexpr float HALF_MAX = 65504.0f;                 // the largest finite fp16: the largest scale
 
 template <typename T, int HEAD_DIM>
 __device__ void code_row(const T* x, signed char* codes, __half* scale) {
@@ -640,7 +645,7 @@ __device__ void code_row(const T* x, signed char* codes, __half* scale) {
         largest = fmaxf(largest, fabsf(values[i]));
     }
     largest = butterfly<1, WARP_SIZE>(largest, Max());
-    const __half row_scale = __float2half(largest / CODE_MAX);
+    const __half row_scale = __float2half(fminf(largest / CODE_MAX, HALF_MAX));
     const float step = to_float(row_scale) > 0.0f ? to_float(row_scale) : 1.0f;
     for (int i = 0; i < PER_LANE; i++) {       // IEEE division (CuPy does not pass -use_fast_math)
         const float code = fminf(fmaxf(values[i] / step, -CODE_MAX), CODE_MAX);

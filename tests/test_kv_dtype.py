@@ -106,6 +106,142 @@ def test_a_rows_codes_do_not_depend_on_how_its_frame_was_written():
     assert (cache == at_once[0]).all() and (scales == at_once[1]).all()
 
 
+# the rows of a huge or tiny range: K/V values near 1e7 (issue 41), at int8's largest
+# finite scale (127 * 65504) and just past it, float16's largest value and smallest
+# normal and subnormal ones, float32's largest, and a row of 1e7 beside ones
+LIMITS = [
+    1e7,
+    -1e7,
+    127 * 65504.0,
+    127 * 65520.0,
+    448 * 65520.0,
+    65504.0,
+    2.0**-14,
+    2.0**-24,
+    float(np.finfo(np.float32).max),
+]
+
+
+def limit_rows() -> np.ndarray:
+    """(len(LIMITS) + 1, 2, 64) float32: each limit with alternating signs, and falling
+    to a thousandth of it along the row (KV head 0) or alone among ones (KV head 1);
+    then a row of 1e7 and ones."""
+    ramp = np.linspace(1, 1e-3, 64, dtype=np.float32) * np.where(
+        np.arange(64) % 2, -1, 1
+    )
+    rows = np.ones((len(LIMITS) + 1, 2, 64), np.float32)
+    for i, value in enumerate(LIMITS):
+        rows[i, 0] = np.float32(value) * ramp
+        rows[i, 1, 5] = value
+    rows[-1, :, 7] = 1e7
+    return rows
+
+
+@pytest.mark.parametrize("code", ["int8", "fp8"])
+def test_finite_rows_never_decode_to_nan_whatever_their_range(code):
+    """Issue 41: a float16 scale of max|x| / 127 overflowed near 1e7 (scale inf, codes
+    0, 0 * inf = NaN, silently). The scale stops at float16's largest finite value:
+    where the scale is a normal float16 a row round trips as before, past
+    code_max * 65504 its largest values saturate at that, and below, where the scale
+    underflows, they shrink towards 0; never NaN, never the wrong sign."""
+    rows = limit_rows()
+    cache, scales = coded(rows, CODES[code])
+    n = len(rows)
+    back = decoded(cache, scales, n)
+    scale = scales.reshape(-1, 2)[:n].astype(np.float32)
+    assert np.isfinite(scale).all() and np.isfinite(back).all()
+    assert (scale <= codecs.SCALE_MAX).all()
+    assert (np.sign(back) * np.sign(rows) >= 0).all()
+    code_max = codecs.CODE_MAX[np.dtype(CODES[code])]
+    ceiling = np.float32(code_max * codecs.SCALE_MAX)  # int8: 8,319,008
+    largest = np.abs(rows).max(axis=-1)
+    at = np.abs(rows).argmax(axis=-1)[..., None]
+    top = np.take_along_axis(rows, at, -1)[..., 0]
+    top_back = np.take_along_axis(back, at, -1)[..., 0]
+    normal = (largest / code_max >= 2.0**-14) & (largest <= ceiling)
+    error = np.abs(top_back - top)[normal] / largest[normal]
+    assert (error <= (2**-7 if code == "int8" else 2**-4)).all(), error.max()
+    assert (np.abs(top_back[largest > ceiling]) == ceiling).all()
+    bound = np.maximum(np.abs(rows), ceiling).astype(np.float64) * (1 + 2**-4)
+    assert (np.abs(back) <= bound).all()
+    # 1e7: int8 saturates at 127 * 65504; fp8's range reaches 448 * 65504
+    at_1e7 = [back[0, 0, 0], back[1, 0, 0], back[-1, 0, 7]]
+    if code == "int8":
+        assert at_1e7 == [ceiling, -ceiling, ceiling]
+    else:
+        assert at_1e7 == pytest.approx([1e7, -1e7, 1e7], rel=2**-4)
+
+
+@pytest.mark.parametrize("big", [1e7, -1e7])
+def test_8bit_attention_over_keys_and_values_near_1e7_is_finite(big):
+    """K and V of a few tokens at ±1e7 (the rest standard normal): the 8-bit decode and
+    prefill read finite scales and give finite outputs close to full precision's."""
+    rng = np.random.default_rng(5)
+    batch = random_batch(
+        rng, [20, 9], num_kv_heads=2, q_per_kv=2, head_dim=64, block_size=8
+    )
+    for keys, values in zip(batch.keys, batch.values):
+        keys[3, 1, :] = big * np.linspace(1, 0.5, 64)
+        values[3, 1, :] = big
+        values[5, 0, 10] = big
+    shape = batch.k_cache.shape
+    caches = [np.zeros(shape, np.int8) for _ in range(2)]
+    scales = [np.zeros(shape[:3], np.float16) for _ in range(2)]
+    full_caches = [np.zeros(shape, np.float32) for _ in range(2)]
+    for i, n in enumerate(batch.context_lens):
+        slots = batch.block_tables[i, np.arange(n) // 8] * 8 + np.arange(n) % 8
+        reference.write_kv(batch.keys[i], batch.values[i], *caches, slots, *scales)
+        reference.write_kv(batch.keys[i], batch.values[i], *full_caches, slots)
+    assert np.isfinite(scales).all()
+    args = (batch.block_tables, batch.context_lens, batch.scale)
+    eight = reference.decode(
+        batch.q, *caches, *args, k_scales=scales[0], v_scales=scales[1]
+    )
+    full = reference.decode(batch.q, *full_caches, *args)
+    assert np.isfinite(eight).all() and np.isfinite(full).all()
+    # int8 holds ±1e7 as ±127 * 65504 (it saturates): off by that, and a step
+    saturated = 1e7 - 127 * codecs.SCALE_MAX
+    assert np.abs(eight - full).max() <= saturated + 2**-6 * 1e7
+    query_start = np.arange(len(batch.context_lens) + 1, dtype=np.int32)
+    pre = reference.prefill(
+        batch.q,
+        *caches,
+        batch.block_tables,
+        batch.context_lens,
+        query_start,
+        batch.scale,
+        k_scales=scales[0],
+        v_scales=scales[1],
+    )
+    np.testing.assert_allclose(pre, eight, rtol=1e-5, atol=1e-5 * 1e7)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_write_kv_int8_clamps_the_scale_as_the_reference_bit_for_bit(dtype):
+    """The kernel (on the CPU emulation) stops the scale at 65504 as write_coded does:
+    the same codes and scales at every limit (float16 rows: those float16 holds)."""
+    rows = limit_rows()
+    if dtype == np.float16:
+        rows = np.clip(rows, -65504, 65504)
+    rows = rows.astype(dtype)
+    n = len(rows)
+    shape = (-(-n // 4), 4, 2, 64)
+    slots = np.arange(n, dtype=np.int32)
+    kernel = (
+        [np.zeros(shape, np.int8) for _ in range(2)],
+        [np.zeros(shape[:3], np.float16) for _ in range(2)],
+    )
+    expected = (
+        [np.zeros(shape, np.int8) for _ in range(2)],
+        [np.zeros(shape[:3], np.float16) for _ in range(2)],
+    )
+    emulated.write_kv(rows, -rows, *kernel[0], slots, *kernel[1])
+    reference.write_kv(rows, -rows, *expected[0], slots, *expected[1])
+    np.testing.assert_array_equal(kernel[0], expected[0])
+    np.testing.assert_array_equal(kernel[1], expected[1])
+    assert np.isfinite(np.asarray(kernel[1], np.float32)).all()
+
+
 # ---- attention -----------------------------------------------------------------------
 
 

@@ -15,23 +15,37 @@ import numpy as np
 # it: a batched, chunked, preempted or recomputed request gets the very codes, hence the
 # same tokens, as one run alone.
 
+# The largest scale: float16's largest finite value, 65504. A row past code_max * 65504
+# (about 8.3e6 for int8) keeps this finite scale and its largest values saturate at the
+# largest code; an infinite scale would code every value 0, and 0 * inf decodes to NaN.
+SCALE_MAX = float(np.finfo(np.float16).max)
+
+
+def row_scales(rows: np.ndarray, code_max: float) -> np.ndarray:
+    """rows (..., kv_heads, head_dim) -> each row's scale, float16 (..., kv_heads): its
+    largest |value| / code_max, at most SCALE_MAX, so that finite rows never get an
+    infinite scale."""
+    return np.minimum(np.abs(rows).max(axis=-1) / code_max, SCALE_MAX).astype(
+        np.float16
+    )
+
 
 class Int8:
     """Symmetric int8 codes with a float16 scale per row (token, KV head): codes
-    -127..127, scale = the row's largest |value| / 127, value ~ code * scale. -128 is
-    never used, so 0 is
-    the middle and a row's largest value and its negative code alike."""
+    -127..127, value ~ code * scale, scale = the row's largest |value| / 127 (at most
+    SCALE_MAX). -128 is never used, so 0 is the middle and a row's largest value and its
+    negative code alike."""
 
     name = "int8"
     dtype = np.dtype(np.int8)  # the KV arrays' storage: one byte a number
 
     def scale_of(self, rows: np.ndarray) -> np.ndarray:
         """rows (..., kv_heads, head_dim) -> each row's scale, float16 (..., kv_heads):
-        its largest
-        |value| / 127, so that its largest value codes to ±127. A row of zeros has scale
-        0.
+        its largest |value| / 127, so that its largest value codes to ±127, at most
+        SCALE_MAX (beyond 127 * 65504 the largest values saturate at ±127). A row of
+        zeros has scale 0.
         """
-        return (np.abs(rows).max(axis=-1) / 127).astype(np.float16)
+        return row_scales(rows, 127.0)
 
     def encode(self, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """x (..., kv_heads, head_dim) / scale (..., kv_heads), rounded to the nearest
@@ -80,8 +94,8 @@ class FP8:
 
     def scale_of(self, rows: np.ndarray) -> np.ndarray:
         """rows (..., kv_heads, head_dim) -> float16 (..., kv_heads): largest |value| /
-        448."""
-        return (np.abs(rows).max(axis=-1) / self.code_max).astype(np.float16)
+        448, at most SCALE_MAX."""
+        return row_scales(rows, self.code_max)
 
     def encode(self, x: np.ndarray, scale: np.ndarray) -> np.ndarray:
         """x / scale as the nearest e4m3 value's bit pattern (uint8), clipped to ±448;

@@ -10,7 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 # CODE_MAX and FP8_VALUES are re-exported for the notebooks and tests
-from minipaged.attention.codecs import CODE_MAX, FP8_VALUES, codec_for  # noqa: F401
+from minipaged.attention.codecs import (  # noqa: F401
+    CODE_MAX,
+    FP8_VALUES,
+    SCALE_MAX,
+    codec_for,
+)
 from minipaged.backend import cdiv
 
 # ---- 8-bit codes: value ~ code * scale (the codecs: minipaged.attention.codecs) ----
@@ -37,11 +42,13 @@ def decode_codes(codes, scale, codec=None) -> np.ndarray:
 def write_coded(rows, cache, scales, slots, codec=None) -> None:
     """Code rows (tokens, kvh, hd) into their slots of an 8-bit cache, each (row, head)
     with its own float16 scale (the codec's scale_of: its largest |value| / its largest
-    code).
+    code), at most float16's largest finite value (SCALE_MAX, whatever codec: a scale
+    stored as inf would decode codes 0 to NaN).
     """
     codec = codec_for(cache.dtype, codec)
     rows = rows.astype(np.float32, copy=False)
-    scale = codec.scale_of(rows)  # (tokens, kvh) float16
+    # (tokens, kvh) float16
+    scale = np.minimum(codec.scale_of(rows), SCALE_MAX).astype(np.float16)
     scales.reshape(-1, scales.shape[-1])[slots] = scale
     cache.reshape(-1, *cache.shape[2:])[slots] = codec.encode(rows, scale)
 
