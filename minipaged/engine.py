@@ -25,6 +25,7 @@ from minipaged.paging import (
     kv_storage_dtype,
     num_blocks_for_memory,
 )
+from minipaged.policies import CheckedConstraint, PolicyError
 from minipaged.runner import ModelRunner
 from minipaged.sampling import (
     SamplingParams,
@@ -97,6 +98,7 @@ class LLMEngine:
         self.eos_token_ids = set(eos_token_ids or model.config.eos_token_ids)
         # structured output's compiler, built for the first request that asks
         self.constraints = None
+        self.constraint_errors: list[PolicyError] = []  # this step's failures
         self.requests: dict[str, Request] = {}
         self.step_count = 0
 
@@ -189,7 +191,18 @@ class LLMEngine:
         """A request's structured-output constraint, compiled once, or None."""
         if spec is None:
             return None
-        return self.constrainer().compile(spec)
+        backend = self.constrainer()
+        try:
+            constraint = backend.compile(spec)
+        except ValueError:
+            raise  # the spec's own fault, said by the backend
+        except Exception as error:
+            raise ValueError(
+                f"structured_outputs_backend {policies.describe(backend)}: compile()"
+                f" raised {type(error).__name__}: {error}"
+            ) from None
+        vocab_size = self.model.config.vocab_size
+        return CheckedConstraint(constraint, backend, vocab_size, self.eos_token_ids)
 
     def constrainer(self):
         """The compiler of SamplingParams.structured_outputs
@@ -241,7 +254,7 @@ class LLMEngine:
         if batch.scheduled:
             extra, rows, finished = self._run(batch)
         self.step_count += 1
-        return StepReport.of(
+        report = StepReport.of(
             step=self.step_count - 1,
             batch=batch,
             extra=extra,
@@ -251,6 +264,20 @@ class LLMEngine:
             before=before,
             start=start,
         )
+        self._raise_policy_errors(report)
+        return report
+
+    def _raise_policy_errors(self, report: StepReport) -> None:
+        """A policy that failed this step (its seam's default stood in, or its
+        request was cut short) is raised now, with the step's report: the step ran,
+        and the next one works."""
+        errors = self.scheduler.take_policy_errors() + self.constraint_errors
+        self.constraint_errors = []
+        if errors:
+            errors[0].report = report
+            for other in errors[1:]:
+                errors[0].request_ids += other.request_ids
+            raise errors[0]
 
     # ---- inside a step ---------------------------------------------------------
     def _run(self, batch: Batch):
@@ -272,6 +299,7 @@ class LLMEngine:
         beam_steps = self._beam_steps(rows)
         done = self._update_scheduler(batch, new_tokens, beam_steps)
         self._release_text(new_tokens)
+        self._collect_constraint_failures(new_tokens)
         extra_rows = self._extra_rows(batch, extra, new_tokens)
         return extra, extra_rows, [self._finish(request) for request in done]
 
@@ -376,6 +404,17 @@ class LLMEngine:
             stopped=stopped,
             beams=beam_steps,
         )
+
+    def _collect_constraint_failures(self, new_tokens) -> None:
+        """A sequence whose constraint failed this step took an end token: its
+        request is cut short, with the backend's error (_raise_policy_errors)."""
+        for seq, new in new_tokens.items():
+            failure = getattr(seq.constraint, "failure", None)
+            if failure is None or getattr(failure, "reported", False):
+                continue
+            failure.reported = True
+            failure.request_ids.append(new.request.request_id)
+            self.constraint_errors.append(failure)
 
     def _release_text(self, new_tokens: dict[Sequence, NewTokens]) -> None:
         """Hand out each sequence's new text, but an end that may become a stop."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from minipaged import beam, policies
 from minipaged.paging import BlockManager, MemoryMoves, check_size
-from minipaged.policies import ADMISSIONS, WAITING_ORDERS
+from minipaged.policies import ADMISSIONS, WAITING_ORDERS, PolicyError, checks
 from minipaged.sequence import Request, Sequence, Status
 
 
@@ -136,8 +136,7 @@ class Scheduler:
         self.lookahead = lookahead
         self.batching = policies.SEAMS["scheduler"][config.batching]
         self.order, self.admission, self.victim = policies.scheduler_policies(config)
-        # the order hears what each row was served
-        self.served = policies.listener(self.order)
+        self.policy_errors: list[PolicyError] = []  # failed answers, defaults used
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
@@ -227,7 +226,8 @@ class Scheduler:
         for row in batch.scheduled:
             row.seq.num_computed += row.num_new_tokens
             kept = len(accepted.get(row.seq, ()))
-            self.served(row.request, row.num_new_tokens + kept, row.kind)
+            num_tokens = row.num_new_tokens + kept
+            checks.served(self.order, row, num_tokens, self.policy_errors)
             for seq in row.samplers:
                 # the samplers of a prompt share its frames: what row.seq holds is
                 # computed for each of them (row.seq itself among them)
@@ -325,9 +325,9 @@ class Scheduler:
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
-                victim = self.victim.choose(
-                    [request] + [r for r in queue if r not in self.prefilling]
-                )
+                candidates = [request]
+                candidates += [r for r in queue if r not in self.prefilling]
+                victim = checks.victim(self.victim, candidates, self.policy_errors)
                 if victim is not request:
                     queue.remove(victim)
                 self._preempt(victim, batch)
@@ -359,7 +359,9 @@ class Scheduler:
             return
         free = self.blocks.num_free_frames - sum(self._growth(r) for r in self.running)
         while self.waiting:
-            request = self.order.pick(self.waiting, self.steps)
+            request = checks.pick(
+                self.order, self.waiting, self.steps, self.policy_errors
+            )
             mapped = self._to_map(request)
             frames = self._frames_to_admit(request, mapped)
             growth = 0
@@ -411,7 +413,19 @@ class Scheduler:
         has none left)."""
         if self.batching.reserves_whole_run:
             return 0
-        return self.admission.growth(request, self.blocks, self._final_len(request))
+        final_len = self._final_len(request)
+        return checks.growth(
+            self.admission, request, self.blocks, final_len, self.policy_errors
+        )
+
+    def take_policy_errors(self) -> list[PolicyError]:
+        """The policies' failures since the last call (paging's replacement too);
+        each decision was taken by the seam's default instead."""
+        errors = self.policy_errors
+        for policy, what in self.blocks.take_policy_errors():
+            errors.append(PolicyError("prefix_cache_policy", policy, what))
+        self.policy_errors = []
+        return errors
 
     # ---- the steps they share --------------------------------------------------------
     def _schedule_decode(self, request: Request, batch: Batch) -> None:

@@ -138,6 +138,16 @@ class BlockManager:
         included)."""
         return self.device.num_free
 
+    def take_policy_errors(self) -> list[tuple[object, str]]:
+        """(policy, what was wrong) for each failed answer of the prefix cache's
+        replacement policy since the last call (its LRU frame was taken instead)."""
+        cache = getattr(self.device, "prefix_cache", None)
+        if cache is None:
+            return []
+        errors = cache.errors
+        cache.errors = []
+        return errors
+
     @property
     def frames_taken(self) -> int:
         """Device frames handed out so far (a step's difference is what it took)."""

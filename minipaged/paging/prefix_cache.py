@@ -10,6 +10,9 @@ page to evict.
 from __future__ import annotations
 
 from collections import OrderedDict
+from types import MappingProxyType
+
+import numpy as np
 
 from minipaged.paging.replacement import make_policy
 
@@ -33,6 +36,8 @@ class PrefixCache:
         # frames with ref count 0, LRU first
         self.evictable: OrderedDict[int, None] = OrderedDict()
         self.policy = make_policy(policy)
+        # (policy, what was wrong): its failed answers, the LRU frame taken instead
+        self.errors: list[tuple[object, str]] = []
         # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
         self.tier = None
 
@@ -53,7 +58,7 @@ class PrefixCache:
         if h not in self.frame_of and frame not in self.key_of:
             self.frame_of[h] = frame
             self.key_of[frame] = (prev_hash, tuple(token_ids))
-            self.policy.entered(frame, h)
+            self._tell("entered", frame, h)
         return h
 
     def holds(self, frame: int) -> bool:
@@ -63,7 +68,7 @@ class PrefixCache:
         """`frame` lost its last user: keep its content; the most recently parked goes
         last."""
         self.evictable[frame] = None
-        self.policy.parked(frame)
+        self._tell("parked", frame)
 
     def is_parked(self, frame: int) -> bool:
         return frame in self.evictable
@@ -79,18 +84,47 @@ class PrefixCache:
         if key is not None:
             del self.frame_of[block_hash(*key)]
             self.evictable.pop(frame, None)
-            self.policy.left(frame)
+            self._tell("left", frame)
 
     def evict(self) -> int:
         """Forget the parked frame the policy chooses (LRU: the least recently used) and
         return it for reuse; with a tier behind the cache, its block is copied there
         first.
         """
-        frame = self.policy.victim(self.evictable)
+        frame = self._victim()
         del self.evictable[frame]
         key = self.key_of.pop(frame)
         del self.frame_of[block_hash(*key)]
-        self.policy.left(frame)
+        self._tell("left", frame)
         if self.tier is not None:
             self.tier.store(frame, key)
         return frame
+
+    # ---- the replacement policy is a participant's code: its answers are checked ----
+    def _victim(self) -> int:
+        """The policy's choice among the parked frames, which it sees read-only; when
+        it fails, or names a frame that is not parked, the least recently used one
+        (the failure is kept in `errors`)."""
+        try:
+            frame = self.policy.victim(MappingProxyType(self.evictable))
+        except Exception as error:
+            what = f"victim() raised {type(error).__name__}: {error}"
+            self.errors.append((self.policy, what))
+            return next(iter(self.evictable))
+        is_frame = isinstance(frame, (int, np.integer)) and not isinstance(frame, bool)
+        if not is_frame or frame not in self.evictable:
+            shown = repr(frame)[:60]
+            what = (
+                f"victim() returned {shown}, not one of the parked frames it was given"
+            )
+            self.errors.append((self.policy, what))
+            return next(iter(self.evictable))
+        return int(frame)
+
+    def _tell(self, method: str, *args) -> None:
+        """Tell the policy what happened to a frame (what it raises is kept)."""
+        try:
+            getattr(self.policy, method)(*args)
+        except Exception as error:
+            what = f"{method}() raised {type(error).__name__}: {error}"
+            self.errors.append((self.policy, what))

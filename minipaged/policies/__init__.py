@@ -10,10 +10,18 @@ it accepts).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+from pathlib import Path
 
 from minipaged.paging import REPLACEMENT_POLICIES
 from minipaged.policies.batching import CONTINUOUS, STATIC, Batching
+from minipaged.policies.checks import (
+    CheckedConstraint,
+    PolicyError,
+    check_protocol,
+    describe,
+)
 from minipaged.policies.defaults import FCFS, Greedy, Newest
 from minipaged.policies.fair import Fair, MostServed
 from minipaged.policies.priority import LeastUrgent, Priority
@@ -58,9 +66,24 @@ def make(option: str, spec, **settings):
     """
     cls = resolve(option, spec)
     if not inspect.isclass(cls):
-        return cls
-    accepted = inspect.signature(cls).parameters
-    return cls(**{k: v for k, v in settings.items() if k in accepted})
+        policy = cls
+    else:
+        policy = build(option, cls, settings)
+    check_protocol(option, policy)
+    return policy
+
+
+def build(option: str, cls, settings: dict):
+    """An instance of a policy class, given those of `settings` it accepts; whatever
+    its constructor raises becomes a ValueError naming the option and the class."""
+    try:
+        accepted = inspect.signature(cls).parameters
+        return cls(**{k: v for k, v in settings.items() if k in accepted})
+    except Exception as error:
+        raise ValueError(
+            f"{option}={describe(cls)}: building it failed:"
+            f" {type(error).__name__}: {error}"
+        ) from None
 
 
 def resolve(option: str, spec):
@@ -82,13 +105,26 @@ def resolve(option: str, spec):
 def load(option: str, path: str):
     """The object at "package.module:Name", or a ValueError naming the option and the
     path."""
-    module, _, name = path.partition(":")
+    module, _, name = path.rpartition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as error:
+        return getattr(import_module(module), name)
+    except Exception as error:
         raise ValueError(
             f"{option}={path!r}: cannot load {name!r} from module {module!r} ({error})"
         ) from None
+
+
+def import_module(module: str):
+    """A module by its dotted name, or by a file's path (`./my_policies.py`)."""
+    if not module.endswith(".py"):
+        return importlib.import_module(module)
+    path = Path(module).resolve()
+    if not path.is_file():
+        raise ImportError(f"no file {path}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def name_of(policy) -> str:
@@ -221,6 +257,10 @@ __all__ = [
     "resolve",
     "load",
     "name_of",
+    "PolicyError",
+    "CheckedConstraint",
+    "check_protocol",
+    "describe",
     "scheduler_policies",
     "listener",
     "check_options",

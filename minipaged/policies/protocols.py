@@ -27,7 +27,7 @@ class WaitingOrder(Protocol):
         `request.arrival` its step.
         """
 
-    # optional (policies.listener): an order that counts service, as fair queuing does,
+    # optional (checks.served): an order that counts service, as fair queuing does,
     # has it
     def served(self, request: Request, num_tokens: int, kind: str) -> None:
         """After each step, for each row it ran: `num_tokens` of `request` were computed

@@ -9,6 +9,7 @@ queue, each request's new text comes out through its own asyncio queue
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -16,6 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minipaged.outputs import CompletionOutput, RequestOutput, StepReport
+from minipaged.policies import PolicyError
+
+LOG = logging.getLogger("minipaged.serve")
+# a step that runs longer is reported by /health (503) and the log: a CPU step of a
+# full batch takes seconds, so a minute means something is stuck (a policy that never
+# returns, most likely)
+WATCHDOG_SECONDS = 60.0
 
 
 @dataclass(slots=True)
@@ -84,14 +92,20 @@ class EngineLoop:
     dashboard snapshots): `stepped(engine, report, idle)` and
     `finished(output, stream)`; they may read the engine, never change it."""
 
-    def __init__(self, engine, watchers=()):
+    def __init__(self, engine, watchers=(), watchdog_seconds=WATCHDOG_SECONDS):
         self.engine, self.watchers = engine, list(watchers)
+        self.watchdog_seconds = watchdog_seconds
+        self.step_started: float | None = None  # perf_counter() while a step runs
+        self.stuck_logged = False
+        # distinct policy failures logged so far (bounded: each is logged once)
+        self.policy_failures: dict[str, int] = {}
         self.inbox: queue.Queue = queue.Queue()
         self.streams: dict[str, Stream] = {}  # touched by the engine thread only
         self.accepted = self.done = 0  # requests in and out: each written by one thread
         # aborts asked for, not yet done: they hold no place
         self.aborting: set[str] = set()
-        self.error: str | None = None  # set if a step failed: the loop has stopped
+        # set if a step failed: the loop has stopped
+        self.stop_reason: str | None = None
         self.thread = threading.Thread(
             target=self._run, name="minipaged-engine", daemon=True
         )
@@ -144,9 +158,52 @@ class EngineLoop:
         aborted."""
         return self.accepted - self.done - len(self.aborting)
 
+    @property
+    def error(self) -> str | None:
+        """Why the server cannot serve now (/health answers 503 with it): the loop
+        stopped, or a step has run past the watchdog's limit."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        started = self.step_started
+        if started is None:
+            return None
+        seconds = time.perf_counter() - started
+        if seconds <= self.watchdog_seconds:
+            return None
+        message = (
+            f"the engine's step has run for {seconds:.0f} s, past the watchdog's"
+            f" {self.watchdog_seconds:g} s: a policy that never returns stalls it"
+            f" ({self.policies()})"
+        )
+        if not self.stuck_logged:
+            self.stuck_logged = True
+            LOG.error(message)
+        return message
+
+    def policies(self) -> str:
+        """The engine's seams and the policy on each, for messages."""
+        config = self.engine.config
+        names = (
+            "scheduling_policy",
+            "admission",
+            "preemption_victim",
+            "prefix_cache_policy",
+        )
+        return ", ".join(f"{name}={getattr(config, name, None)!r}" for name in names)
+
     def start(self) -> EngineLoop:
         self.thread.start()
+        threading.Thread(
+            target=self._watch, name="minipaged-watchdog", daemon=True
+        ).start()
         return self
+
+    def _watch(self) -> None:
+        """Look at the step once a second, so that a stuck one is logged even when
+        nobody asks /health."""
+        while self.thread.is_alive():
+            _ = self.error
+            time.sleep(1.0)
 
     def stop(self) -> None:
         self.inbox.put(("stop",))
@@ -157,14 +214,48 @@ class EngineLoop:
         try:
             while self._take_inbox(block=not self.engine.has_unfinished_requests()):
                 if self.engine.has_unfinished_requests():
-                    self._after_step(self.engine.step())
+                    self._step()
                 else:
                     self._tell_watchers(None)
         except Exception as error:  # a bug in the engine: fail every request, loudly
-            self.error = f"the engine loop stopped: {type(error).__name__}: {error}"
+            self.stop_reason = (
+                f"the engine loop stopped: {type(error).__name__}: {error}"
+            )
             for request_id in list(self.streams):
-                self._send(request_id, Update(request_id, error=self.error))
+                self._send(request_id, Update(request_id, error=self.stop_reason))
             raise
+
+    def _step(self) -> None:
+        """One engine step, timed by the watchdog, and what it produced handed out. A
+        policy that failed at its seam was stood in for by the seam's default: the
+        step ran; the requests it cut short fail with its error, the rest carry on,
+        and the failure is logged."""
+        self.step_started = time.perf_counter()
+        self.stuck_logged = False
+        failure = None
+        try:
+            report = self.engine.step()
+        except PolicyError as error:
+            failure = error
+            report = error.report
+        finally:
+            self.step_started = None
+        if failure is not None:
+            self._policy_failed(failure)
+        self._after_step(report)
+
+    def _policy_failed(self, error: PolicyError) -> None:
+        message = str(error)
+        if message not in self.policy_failures and len(self.policy_failures) < 100:
+            LOG.error("a policy failed (its seam's default stood in): %s", message)
+        count = self.policy_failures.get(message, 0)
+        if count or len(self.policy_failures) < 100:
+            self.policy_failures[message] = count + 1
+        for request_id in error.request_ids:  # failed, finished this step or not
+            if request_id in self.engine.requests:
+                self.engine.abort_request(request_id)
+            if request_id in self.streams:
+                self._send(request_id, Update(request_id, error=message))
 
     def _take_inbox(self, block: bool) -> bool:
         """Handle every message waiting (when idle, sleep until one comes); False at
@@ -206,6 +297,8 @@ class EngineLoop:
         outputs."""
         now = time.perf_counter()
         for request_id in dict.fromkeys(rid for rid, *_ in report.ran):
+            if request_id not in self.streams:  # failed by its policy this step
+                continue
             self.streams[request_id].ran(now - report.seconds, now)
             request = self.engine.requests.get(request_id)
             if request is not None and not request.beam_search:
@@ -222,7 +315,8 @@ class EngineLoop:
                     },
                 )
         for output in report.finished:
-            self._finish(output)
+            if output.request_id in self.streams:
+                self._finish(output)
         self._tell_watchers(report)
 
     def _finish(self, output: RequestOutput) -> None:
