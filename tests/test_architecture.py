@@ -418,8 +418,8 @@ def test_the_core_stays_within_its_token_budget():
 def test_the_steps_call_tree_stays_small():
     """Followed from LLMEngine.step through the three files: 47 functions of 631
     formatted lines after issue 38, 50 and 669 with issue 41's checked seams (31 dense
-    functions of 341 lines before; nano-vllm's
-    step: 11 functions, 170 lines, no docstrings)."""
+    functions of 341 lines before; nano-vllm's step: 11 functions, 170 lines, no
+    docstrings)."""
     functions = core_functions()
     tree = step_call_tree()
     lines = sum(functions[k].end_lineno - functions[k].lineno + 1 for k in tree)
