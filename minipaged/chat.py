@@ -1,9 +1,10 @@
 """`python -m minipaged.chat`: the chat in a terminal. A door only: the code lives in
 minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
 
-import sys
-
 if __name__ == "__main__":
-    from minipaged.tools.chat import main
+    from minipaged.tools.door import ctrl_c_ends_quietly
 
-    sys.exit(main())
+    with ctrl_c_ends_quietly():
+        from minipaged.tools.chat import main
+
+        raise SystemExit(main())

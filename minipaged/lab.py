@@ -1,9 +1,10 @@
 """`python -m minipaged.lab`: the labs' checker and hints. A door only: the code lives
 in minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
 
-import sys
-
 if __name__ == "__main__":
-    from minipaged.tools.lab.cli import main
+    from minipaged.tools.door import ctrl_c_ends_quietly
 
-    sys.exit(main())
+    with ctrl_c_ends_quietly():
+        from minipaged.tools.lab.cli import main
+
+        raise SystemExit(main())

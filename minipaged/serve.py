@@ -1,10 +1,10 @@
 """`python -m minipaged.serve`: the OpenAI-compatible server and its dashboard. A door
-only: the code lives in
-minipaged/tools/ (docs/reading.md), apart from the engine a student reads."""
-
-import sys
+only: the code lives in minipaged/tools/ (docs/reading.md), apart from the engine."""
 
 if __name__ == "__main__":
-    from minipaged.tools.serve.cli import main
+    from minipaged.tools.door import ctrl_c_ends_quietly
 
-    sys.exit(main())
+    with ctrl_c_ends_quietly():
+        from minipaged.tools.serve.cli import main
+
+        raise SystemExit(main())

@@ -95,7 +95,14 @@ def supervise(
             ),
             daemon=True,
         )
-        child.start()
+        # Ctrl-C is the parent's to answer (its door says one line): the child starts
+        # with SIGINT ignored, which its fresh interpreter keeps, so it prints no
+        # KeyboardInterrupt of its own and ends with the parent (it is a daemon)
+        answer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            child.start()
+        finally:
+            signal.signal(signal.SIGINT, answer)
         sender.close()
         doing, limit = "loading your file", LOAD_S[lab.starter_path.suffix]
         deadline, timed_out = time.monotonic() + limit + GRACE_S, False
