@@ -246,6 +246,8 @@ WORDS = [
     '{"',
     "é",
     "<pad>",
+    "b",
+    "2",
 ]
 
 
@@ -278,14 +280,29 @@ def matches(pattern: str) -> list[str]:
     return ["".join(u) for u in units if u]
 
 
+def spelled(rest: str, texts) -> bool:
+    """Can the tokens' texts write `rest` exactly, one after another?"""
+    ends = {0}
+    for i in range(1, len(rest) + 1):
+        if any(j in ends and rest[j:i] in texts for j in range(i)):
+            ends.add(i)
+    return len(rest) in ends
+
+
 def brute_allowed(pattern: str, prefix: str, texts) -> set[int]:
-    """Tokens whose text keeps prefix + text the start of some match."""
+    """Tokens whose text keeps prefix + text the start of some match that tokens can
+    finish."""
     every = matches(pattern)
     assert all(re.fullmatch(pattern, m) for m in every)
+    whole = {t for t in texts if t}
     return {
         token
         for token, text in enumerate(texts)
-        if text is not None and any(m.startswith(prefix + text) for m in every)
+        if text is not None
+        and any(
+            m.startswith(prefix + text) and spelled(m[len(prefix + text) :], whole)
+            for m in every
+        )
     }
 
 

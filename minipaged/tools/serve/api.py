@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import secrets
+import threading
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -54,6 +55,8 @@ SAMPLING_FIELDS = {
     "prompt_logprobs",
 }
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for /v1/completions
+# structured outputs compiled at once (each on a thread; the others wait their turn)
+COMPILING = 2
 LOG = logging.getLogger("minipaged.serve")
 try:
     VERSION = version("minipaged")  # /version, as vLLM answers it with its own
@@ -124,8 +127,11 @@ class Server:
         )
         # for the schema: the engine checks token ids
         self.vocab_size = engine.model.config.vocab_size
-        # structured output's compiler: a bad regex is a 400 at the door
-        self.constrainer = engine.constrainer
+        # structured output's compiler (built on first use, off the event loop, under
+        # the lock): a bad regex is a 400 at the door
+        self.constrainer, self.building = engine.constrainer, threading.Lock()
+        # patterns compiling at once, each on a worker thread
+        self.compiling = asyncio.Semaphore(COMPILING)
         # a request's `priority` needs a waiting order that reads it
         order = engine.scheduler.order
         self.uses_priority, self.order_name = (
@@ -820,12 +826,6 @@ class Server:
                     f" 0..{self.vocab_size - 1})",
                     field,
                 )
-        # compiled once here (cached): its errors name the field
-        if params.structured_outputs is not None:
-            try:
-                self.constrainer().compile(params.structured_outputs)
-            except ValueError as error:
-                raise APIError(400, str(error), tools.field_of(body)) from None
         if longest + params.max_tokens > self.max_model_len:
             raise APIError(
                 400,
@@ -837,6 +837,43 @@ class Server:
                 "max_tokens",
             )
         return params
+
+    async def _compile(self, spec, body, done, prompts: list):
+        """Compile a request's structured output on a worker thread (the event loop and
+        the engine's thread go on), held in the backend's cache until the engine has
+        taken it; return the function that lets go of it. A pattern the backend refuses
+        (bad, unwritable, past its budget) is a 400 naming the field, and the client's
+        slots are given back."""
+        if spec is None:
+            return lambda: None
+        try:
+            async with self.compiling:
+                backend = self._backend()
+                hold = getattr(backend, "hold", None)
+                if hold is None:  # another backend: compiled and cached its own way
+                    await asyncio.to_thread(backend.compile, spec)
+                    return lambda: None
+                return await finish_even_if_cancelled(
+                    asyncio.to_thread(hold, spec, self._busy)
+                )
+        except ValueError as error:
+            for _ in prompts if done is not None else ():
+                done()
+            raise APIError(400, str(error), tools.field_of(body)) from None
+        except BaseException:
+            for _ in prompts if done is not None else ():
+                done()
+            raise
+
+    def _busy(self) -> bool:
+        """Does the engine run requests now (read from any thread)?"""
+        return self.loop.num_unfinished > 0
+
+    def _backend(self):
+        """The engine's structured-output backend (built once, quickly: its vocabulary
+        is built at its first compile, on the worker thread)."""
+        with self.building:
+            return self.constrainer()
 
     def _pool_room(self, prompt_len: int, n: int) -> int:
         """The most tokens each of n sequences may add to a prompt with the whole KV
@@ -871,6 +908,8 @@ class Server:
             )
         client = self._client(request)
         done = self.slots.take(client, len(prompts), params.n)  # or a 400/429
+        # admitted: now compile its structure, off the event loop
+        release = await self._compile(params.structured_outputs, body, done, prompts)
         response_id = (
             f"{'chatcmpl' if chat else 'cmpl'}-{next(self.ids)}-{secrets.token_hex(3)}"
         )
@@ -884,7 +923,10 @@ class Server:
             body.priority,
             client,
         )
-        await run.start()  # raises APIError if the engine refused a prompt
+        try:
+            await run.start()  # raises APIError if the engine refused a prompt
+        finally:
+            release()  # the engine has its automaton (or refused the request)
         kind = "chat.completion" if chat else "text_completion"
         prompt_tokens = sum(len(p["prompt_token_ids"]) for p in prompts)
         if body.stream:
@@ -966,6 +1008,20 @@ class Server:
             if body.echo and body.messages[-1].role == body.role
             else ""
         )
+
+
+async def finish_even_if_cancelled(work):
+    """Await `work` (a hold on a compiled automaton, whose result is the function that
+    lets go of it); if the handler is cancelled meanwhile (its client left), the work
+    still finishes on its thread, and its hold is let go then."""
+    future = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception() else f.result()()
+        )
+        raise
 
 
 def tool_calls(body, choice: dict) -> dict:
