@@ -1,11 +1,15 @@
 """The automata of structured output: the regex DFA against Python's re, JSON schemas as
 patterns whose matches parse and fit, the token mask against brute force on a small
-vocabulary, and random walks over SmolLM2's vocabulary that end in valid answers."""
+vocabulary, and random walks over SmolLM2's vocabulary that end in valid answers, emoji,
+CJK, Cyrillic and Greek included (bytes of a character split across tokens). What
+cannot be held is refused: unwritable text, deep nesting, patterns past the budget,
+schema keywords not supported; and the cache of automata stays bounded."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +24,7 @@ from minipaged.structured import (
     regex_of,
     schema_to_regex,
 )
-from minipaged.structured.regex import DFA
+from minipaged.structured.regex import DFA, MAX_NESTING, Budget, parse, to_pattern
 
 PATTERNS = [
     r"((25[0-5]|(2[0-4]|1\d|[1-9]|)\d)\.){3}(25[0-5]|(2[0-4]|1\d|[1-9]|)\d)",
@@ -378,6 +382,301 @@ def test_random_walks_over_smollm2s_vocabulary_end_in_valid_answers(
         else:
             pytest.fail("the walk did not end in 300 tokens")
         text = llm.tokenizer.decode(ids)
-        # the texts are the decoder's
-        assert text == "".join(automata.texts[t] for t in ids)
+        # the tokens' bytes are the decoder's
+        assert text == b"".join(automata.pieces[t] for t in ids).decode("utf-8")
         assert check(text), text
+
+
+# ---- what cannot be held is refused --------------------------------------------------
+
+
+def test_groups_nested_past_the_limit_are_a_clear_error_not_a_recursion_error():
+    deep = "(" * MAX_NESTING + "a" + ")" * MAX_NESTING
+    assert compile_regex(deep).fullmatch("a")
+    with pytest.raises(ValueError, match=f"nest more than {MAX_NESTING} deep"):
+        compile_regex("(" * 400 + "a" + ")" * 400)
+    with pytest.raises(ValueError, match="nest more than"):
+        regex_of(
+            StructuredOutputsParams(
+                json={"type": "string", "pattern": "(" * 400 + "a" + ")" * 400}
+            )
+        )
+    nested = {"type": "integer"}
+    for _ in range(30):
+        nested = {"type": "array", "items": nested}
+    with pytest.raises(ValueError, match="nests more than 24 levels"):
+        regex_of(StructuredOutputsParams(json=nested))
+
+
+def test_a_pattern_past_the_state_or_time_budget_is_refused():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="automaton states"):
+        compile_regex("(a{1000}){1000}")  # counted before it is built
+    assert time.perf_counter() - start < 0.5
+    with pytest.raises(ValueError, match="budget of 0.01 s"):
+        compile_regex("((a|x){1000}){20}", budget=Budget(seconds=0.01))
+    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
+    automata.max_seconds = 0.01
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex: .*budget"):
+        automata.compile(StructuredOutputsParams(regex="((a|x){1000}){20}"))
+
+
+@pytest.mark.parametrize(
+    "pattern, words",
+    [
+        ("a^b", "anchor '^'"),
+        ("a$b", "'$' before the end"),
+        ("(a$)", "anchor '$'"),
+        ("[\\ud800-\\udfff]", "no character"),
+    ],
+)
+def test_anchors_inside_and_empty_classes_are_refused(pattern, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        compile_regex(pattern)
+
+
+def test_anchors_at_the_ends_of_alternatives_change_nothing():
+    dfa = compile_regex("^ab$|^c|d$")
+    assert [dfa.fullmatch(t) for t in ("ab", "c", "d", "abc", "")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_tree_written_back_as_a_pattern_matches_the_same(pattern):
+    again = compile_regex(to_pattern(parse(pattern)))
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        text = "".join(rng.choice(list(ALPHABET), int(rng.integers(0, 8))))
+        assert again.fullmatch(text) == (re.fullmatch(pattern, text) is not None)
+
+
+# ---- JSON schemas: what the pattern holds, and what is refused -----------------------
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"^.{3}$", r'[a"\\]{1,4}', r"[\x00-\x1f]x", r"(\"|\\n|.)*z"]
+)
+def test_a_string_pattern_admits_only_json_strings_that_match_it(pattern):
+    dfa = compile_regex(
+        regex_of(StructuredOutputsParams(json={"type": "string", "pattern": pattern}))
+    )
+    rng = np.random.default_rng(3)
+    alphabet = 'ab"\\nu0f1zx' + "\n\t\x01\x1f"
+    found = [random_match(dfa, rng, alphabet, 40) for _ in range(200)]
+    found = [t for t in found if t is not None]
+    assert len(found) > 20
+    for text in found:
+        value = json.loads(text)  # JSON, never a quote or backslash too many
+        assert isinstance(value, str) and re.fullmatch(pattern, value, re.S), text
+    assert not dfa.fullmatch('"""""')
+    for value in ('a"b', "a\\b", 'a"', "\x01x"):
+        if re.fullmatch(pattern, value, re.S):
+            assert dfa.fullmatch(json.dumps(value)), value
+
+
+def test_property_names_are_written_as_json_and_additional_properties_false_is_empty():
+    schema = {
+        "type": "object",
+        "properties": {'a"b': {"type": "integer"}, "c\\d": {"type": "null"}},
+        "required": ['a"b'],
+    }
+    dfa = compile_regex(schema_to_regex(schema))
+    assert dfa.fullmatch(json.dumps({'a"b': 1, "c\\d": None}))
+    assert dfa.fullmatch(json.dumps({'a"b': 2}))
+    empty = compile_regex(
+        schema_to_regex({"type": "object", "additionalProperties": False})
+    )
+    assert empty.fullmatch("{}") and not empty.fullmatch('{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "schema, words",
+    [
+        (
+            {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]},
+            "required names 'b'",
+        ),
+        ({"type": "object", "required": ["a"]}, "required names 'a'"),
+        ({"type": "object", "properties": {}, "required": "a"}, "required must be"),
+        ({"type": "string", "format": "uri"}, "format 'uri' is not supported"),
+        ({"type": "string", "pattern": "a+", "maxLength": 3}, "pattern with"),
+        ({"type": "string", "pattern": 3}, "pattern must be a string"),
+        ({"type": "string", "pattern": "(a"}, "pattern: an unclosed '('"),
+        ({"type": "string", "maxLength": 2000}, "maxLength must be"),
+        ({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength is less"),
+        ({"type": "array", "minItems": "2"}, "minItems must be"),
+        ({"type": "array", "maxItems": -1}, "maxItems must be"),
+        ({"type": "integer", "maximum": 3}, "'maximum' is not supported"),
+        ({"type": "integer", "minimum": "0"}, "minimum other than 0"),
+        ({"type": "array", "uniqueItems": True}, "'uniqueItems' is not supported"),
+        ({"type": "string", "nullable": True}, "'nullable' is not supported"),
+        (
+            {"type": "object", "additionalProperties": {"type": "integer"}},
+            "additionalProperties as a schema",
+        ),
+        ({"anyOf": []}, "anyOf must be a non-empty list"),
+        ({"type": []}, "type must not be an empty list"),
+    ],
+)
+def test_a_schema_keyword_that_cannot_be_held_is_refused_by_name(schema, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        regex_of(StructuredOutputsParams(json=schema))
+
+
+def test_a_schema_whose_refs_multiply_past_the_pattern_limit_is_refused():
+    defs = {"L0": {"type": "integer"}}
+    for i in range(1, 30):
+        defs[f"L{i}"] = {
+            "type": "array",
+            "items": {"anyOf": [{"$ref": f"#/$defs/L{i - 1}"}] * 2},
+        }
+    with pytest.raises(ValueError, match="(longer than|nests more than)"):
+        regex_of(StructuredOutputsParams(json={"$ref": "#/$defs/L29", "$defs": defs}))
+
+
+# ---- the vocabulary: what it can write -----------------------------------------------
+
+
+def test_text_a_vocabulary_cannot_write_is_refused_naming_it():
+    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
+    with pytest.raises(ValueError, match=r"structured_outputs\.regex: .*cannot write"):
+        automata.compile(StructuredOutputsParams(regex="ac"))
+    with pytest.raises(ValueError, match=r"structured_outputs\.choice: .*'🦊'"):
+        automata.compile(StructuredOutputsParams(choice=["🦊", "🐶"]))
+    # what it can write of an alternative is kept
+    constraint = automata.compile(StructuredOutputsParams(regex="c|a"))
+    assert set(np.flatnonzero(constraint.allowed())) == {WORDS.index("a")}
+
+
+def test_a_word_level_vocabulary_refuses_characters_only_inside_longer_tokens():
+    """'q' is only ever the start of the token 'qu': a pattern needing 'q' alone, then
+    something else, could never be finished, so the character is not written at all."""
+    words = [*WORDS, "qu", "e"]
+
+    class Words(Tiny):
+        def __init__(self):
+            self.hf = HFTokenizer(
+                models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>")
+            )
+            self.hf.add_special_tokens(["<eos>", "<pad>"])
+
+    automata = Automata(Words(), len(words), eos_token_ids=[0])
+    with pytest.raises(ValueError, match="cannot write 'q'"):
+        automata.compile(StructuredOutputsParams(regex="q(u|a)e"))
+
+
+# ---- the cache of automata -----------------------------------------------------------
+
+
+def test_the_cache_stays_bounded_after_100_distinct_costly_patterns():
+    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
+    automata.max_cached_states = 200_000
+    sizes, start = [], time.perf_counter()
+    costly = "((a|x){{1000}}){{3}}x{{{}}}".format
+    first = automata.hold(StructuredOutputsParams(regex=costly(100)))
+    for i in range(100):
+        automata.compile(StructuredOutputsParams(regex=costly(i)))
+        sizes.append(automata.cached_states())
+        assert len(automata.cache) <= automata.max_cached
+        assert automata.cached_states() <= automata.max_cached_states
+        assert time.perf_counter() - start < 120
+    # a held automaton is never dropped; let go, it can be
+    assert StructuredOutputsParams(regex=costly(100)).key() in automata.cache
+    first()
+    first()  # letting go twice is once
+    assert not automata.held
+    for i in range(100):  # cheap ones: the count of entries is the bound
+        automata.compile(StructuredOutputsParams(regex=f"a{{{i}}}"))
+    assert len(automata.cache) == automata.max_cached
+    assert max(sizes) > 0.8 * automata.max_cached_states
+    assert len(automata.masks) <= automata.masks.limit
+
+
+def test_masks_are_shared_and_bounded():
+    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
+    automata.masks.limit = 5
+    constraint = automata.compile(StructuredOutputsParams(regex="(ab|x){1,40}"))
+    for _ in range(30):
+        constraint.allowed()
+        constraint.advance(WORDS.index("x"))
+    assert len(automata.masks) == 5
+    assert len(constraint.automaton.masks) <= 5
+
+
+# ---- over SmolLM2's whole vocabulary: emoji, CJK, Cyrillic, Greek --------------------
+
+WORLD = [
+    {"choice": ["🦊", "🐶", "🦊🐶"]},
+    {"regex": "Ω[0-9]{1,3}"},
+    {"regex": "[一-龥]{1,6}"},
+    {"regex": "Привет, [а-яё]+!"},
+    {"regex": "[α-ω]{2,8}( [Α-Ω][α-ω]+)?"},
+    {"regex": "(😀|😎|🤖)+ ok"},
+    {"regex": "[∑∫√]x"},
+    {"json": {"type": "string", "pattern": "^[一-龥🦊é]{1,4}$"}},
+]
+
+
+def value_of(spec: dict, text: str) -> str:
+    return json.loads(text) if "json" in spec else text
+
+
+def pattern_of(spec: dict) -> str:
+    if "choice" in spec:
+        return "|".join(map(re.escape, spec["choice"]))
+    return spec["regex"] if "regex" in spec else spec["json"]["pattern"][1:-1]
+
+
+@pytest.mark.parametrize("spec", WORLD, ids=lambda s: str(s)[:24])
+def test_every_token_a_mask_allows_leaves_a_way_to_a_match(smol_automata, spec):
+    """Property over the whole vocabulary: at each state of random walks, every token
+    the mask allows (bytes of one character split across tokens too) leads to a state
+    whose mask is not empty; the end is allowed exactly at a whole match; and each walk
+    ends in one."""
+    automata, llm = smol_automata
+    eos = sorted(llm.engine.eos_token_ids)
+    pattern, rng = pattern_of(spec), np.random.default_rng(7)
+    start = time.perf_counter()
+    for _ in range(6):
+        constraint, data = automata.compile(StructuredOutputsParams(**spec)), b""
+        for _ in range(40):
+            allowed = constraint.allowed()
+            assert allowed.any(), data
+            text = data.decode("utf-8", errors="replace")
+            whole = constraint.accepting
+            assert allowed[eos].all() == whole
+            if whole:
+                assert re.fullmatch(pattern, value_of(spec, text)), text
+            tokens, finishing = [t for t in np.flatnonzero(allowed) if t not in eos], []
+            for token in tokens:
+                after = constraint.fork()
+                after.advance(int(token))
+                assert after.allowed().any(), (text, automata.pieces[token])
+                finishing += [token] if after.accepting else []
+            if not tokens or (whole and rng.random() < 0.4):
+                break
+            # now and then a token that makes a whole match, so that walks end
+            near = finishing if finishing and rng.random() < 0.3 else tokens
+            token = int(rng.choice(near))
+            constraint.advance(token)
+            data += automata.pieces[token]
+        assert constraint.accepting, data
+        assert re.fullmatch(pattern, value_of(spec, data.decode("utf-8")))
+        assert time.perf_counter() - start < 60
+
+
+def test_smollm2_spells_emoji_and_refuses_what_it_cannot_write(smol_automata):
+    automata, _ = smol_automata
+    fox = automata.compile(StructuredOutputsParams(choice=["🦊", "🐶"]))
+    pieces = [automata.pieces[t] for t in np.flatnonzero(fox.allowed())]
+    # the first bytes of the emoji, each a token of its own
+    assert pieces and all("🦊".encode().startswith(p) for p in pieces)
+    # no token is the byte \x04 (nor holds it), nor a first byte of U+40000..U+BFFFF
+    for spec in ({"regex": "a\\x04"}, {"choice": [chr(0x50000)]}):
+        with pytest.raises(ValueError, match="cannot write"):
+            automata.compile(StructuredOutputsParams(**spec))

@@ -252,10 +252,10 @@ class Automaton:
     character not yet whole), numbered as found; `step(state, byte)` is computed once.
     Masks are kept in the backend's bounded `masks` (computed again if dropped)."""
 
-    def __init__(self, dfa: DFA, vocabulary: Vocabulary, eos_token_ids, masks=None):
+    def __init__(self, dfa: DFA, vocabulary: Vocabulary, eos_token_ids, cache=None):
         self.dfa, self.vocabulary = dfa, vocabulary
         self.eos = [t for t in eos_token_ids if t < vocabulary.size]
-        self.masks = masks if masks is not None else MaskCache()
+        self.cache = cache if cache is not None else MaskCache()
         self.states: list[tuple[int, bytes]] = []
         self.ids: dict[tuple[int, bytes], int] = {}
         self.moves: list[dict[int, int]] = []
@@ -316,7 +316,7 @@ class Automaton:
         return not prefix and self.dfa.accepting(at)
 
     def allowed(self, state: int, budget: Budget = UNBOUNDED) -> np.ndarray:
-        mask = self.masks.get(self, state)
+        mask = self.cache.get(self, state)
         if mask is None:
             if state == DEAD:
                 mask = np.zeros(self.vocabulary.size, dtype=bool)
@@ -326,8 +326,13 @@ class Automaton:
                 mask[self.eos] = self.accepting(state)
             # shared by every sequence at this state
             mask.flags.writeable = False
-            self.masks.put(self, state, mask)
+            self.cache.put(self, state, mask)
         return mask
+
+    @property
+    def masks(self) -> dict[int, np.ndarray]:
+        """Its states' masks still in the cache, by state."""
+        return self.cache.of(self)
 
     @property
     def size(self) -> int:
@@ -358,6 +363,14 @@ class MaskCache:
             self.masks[(id(automaton), state)] = (automaton, mask)
             while len(self.masks) > self.limit:
                 self.masks.popitem(last=False)
+
+    def of(self, automaton: Automaton) -> dict[int, np.ndarray]:
+        with self.lock:
+            return {
+                state: mask
+                for (_, state), (owner, mask) in self.masks.items()
+                if owner is automaton
+            }
 
     def __len__(self) -> int:
         return len(self.masks)

@@ -603,11 +603,11 @@ class DFA:
         nfa = NFA(alphabet, budget)
         nfa.start, nfa.end = nfa.build(tree)
         if not nfa.finish():
-            lacking = "".join(sorted(nfa.missing))
+            lacking = ", ".join(repr(c) for c in sorted(nfa.missing))
             raise ValueError(
                 "no text can match the pattern"
                 + (
-                    f" with this model's vocabulary (it cannot write {lacking!r})"
+                    f" with this model's vocabulary (it cannot write {lacking})"
                     if alphabet is not None and lacking
                     else " (a character class that matches no character)"
                 )
