@@ -1,7 +1,7 @@
 # On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
 #   make chat              chat with the default model (ARGS="--help" lists its options)
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
-#   make test              every test (about 6 min on 2 cores); make test-fast skips the real-model ones.
+#   make test              every test (about 9 minutes on 2 cores); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make format            format the code as CI wants it: ruff, comments and docstrings to 88 columns
 #   make lint              check that it is (make test and make test-fast run it first)
@@ -12,7 +12,8 @@
 #   make bench-decode      one benchmark: bench-decode, bench-projections, bench-memory, bench-throughput,
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
 #                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; and the
-#                          series: bench-speculative, -replacement, -thrashing, -scheduling, -drum; ARGS="--json"
+#                          series: bench-speculative, -replacement, -thrashing, -scheduling, -drum, -kv-dtype,
+#                          -structured; ARGS="--json"
 # To type the commands of the README and docs yourself: make setup, then source .venv/bin/activate
 PYTHON ?= python3
 VENV   := .venv
@@ -22,7 +23,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
-              speculative replacement thrashing scheduling drum kv-dtype
+              speculative replacement thrashing scheduling drum kv-dtype structured
 
 .PHONY: setup chat serve browser clang format lint test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 
@@ -94,8 +95,10 @@ lint: $(TEST_STAMP)
 
 # The tests run in a process per core (pytest-xdist; at most 4), each file's tests in one process
 # (--dist loadfile), so that a module's costly fixture is built once. JOBS=0 runs them in this one.
+# A failure is printed as it happens (--instafail, pytest-instafail in the `test` extra), so a run
+# cut short still names what failed, and the failed tests are listed again at the end (-rf).
 JOBS ?= auto
-PYTEST := $(PY) -m pytest -q -n $(JOBS) --maxprocesses=4 --dist loadfile
+PYTEST := $(PY) -m pytest -q -rf --instafail -n $(JOBS) --maxprocesses=4 --dist loadfile
 test: $(TEST_STAMP) lint browser clang
 	$(PYTEST) $(ARGS)
 
