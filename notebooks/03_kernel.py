@@ -83,7 +83,11 @@ show("Paged attention: attention whose keys", "#include <cuda_fp16.h>")
 # unit of paging, in software: one integer load from the block table, then a multiply-add.
 
 # %%
-show("// One sequence's K (or V) rows", "// ---- reductions")
+# the struct's fields; its lookup, operator[], is what lab 5 asks you to write
+show("// One sequence's K (or V) rows", "operator[](int pos)")
+print(
+    "          __device__ const T* operator[](int pos) const;  // the lookup: lab 5\n      };"
+)
 
 # %% [markdown]
 # ## Version 1, line by line
