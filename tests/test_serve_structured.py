@@ -1,7 +1,9 @@
 """Structured output on the server, with SmolLM2 (the room's model) and the `openai`
 client: vLLM's structured_outputs (json, regex, choice), OpenAI's response_format, tools
-with each tool_choice, streamed and not; every held answer parses and fits; bad ones are
-clear 400s. Servers on 127.0.0.1 on free ports; every loop bounded."""
+with each tool_choice, streamed and not; every held answer parses and fits, emoji and
+other scripts included; bad ones (unwritable, too deep, past the budget, a schema
+keyword not supported) are clear 400s naming the field. Servers on 127.0.0.1 on free
+ports; every loop bounded."""
 
 from __future__ import annotations
 
@@ -291,6 +293,65 @@ def test_required_tools_give_calls_and_none_gives_text(url):
         ),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
+        # issue 41: what cannot be held is refused, never dropped or a 500
+        (
+            {"structured_outputs": {"regex": "(" * 400 + "a" + ")" * 400}},
+            "structured_outputs",
+            "nest more than 100 deep",
+        ),
+        ({"guided_regex": "a\\x04"}, "guided_regex", "cannot write '\\x04'"),
+        ({"guided_choice": [chr(0x50000)]}, "guided_choice", "cannot write"),
+        (
+            {"structured_outputs": {"regex": "(a{1000}){1000}"}},
+            "structured_outputs",
+            "automaton states",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "e",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"a": {"type": "integer"}},
+                            "required": ["a", "b"],
+                        },
+                    },
+                }
+            },
+            "response_format",
+            "required names 'b'",
+        ),
+        (
+            {"guided_json": {"type": "string", "format": "uri"}},
+            "guided_json",
+            "format 'uri' is not supported",
+        ),
+        (
+            {"guided_json": {"type": "string", "pattern": "a", "maxLength": 3}},
+            "guided_json",
+            "pattern with format, minLength or maxLength",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"n": {"type": "integer", "maximum": 9}},
+                            },
+                        },
+                    }
+                ],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice",
+            "'maximum' is not supported",
+        ),
     ],
 )
 def test_bad_structures_are_400s_naming_the_field(url, extra, param, words):
@@ -301,3 +362,32 @@ def test_bad_structures_are_400s_naming_the_field(url, extra, param, words):
     error = refused.value.body
     error = error.get("error", error)
     assert error["param"] == param and words in error["message"], error
+
+
+def test_emoji_greek_cyrillic_choices_and_patterns_are_held(url):
+    """Issue 41: a choice of emoji answered '� Finned Lark', and Ω[0-9]{1,3} answered
+    'A': the mask was empty and the answer ran free. Now each character's bytes are
+    spelled across tokens, and a schema's pattern stays inside its JSON string."""
+    c = client(url)
+    animals = ["🦊", "🐶"]
+    for extra, check in (
+        ({"guided_choice": animals}, lambda t: t in animals),
+        ({"guided_regex": "Ω[0-9]{1,3}"}, lambda t: re.fullmatch("Ω[0-9]{1,3}", t)),
+        ({"guided_regex": "Да|Нет"}, lambda t: t in ("Да", "Нет")),
+        (
+            {"guided_json": {"type": "string", "pattern": "^.{3}$"}},
+            lambda t: isinstance(json.loads(t), str) and len(json.loads(t)) == 3,
+        ),
+    ):
+        answer = c.completions.create(
+            model="smol",
+            prompt="Answer: ",
+            max_tokens=12,
+            n=3,
+            temperature=1.0,
+            seed=4,
+            extra_body=extra,
+        )
+        for choice in answer.choices:
+            assert choice.finish_reason == "stop", (extra, choice)
+            assert check(choice.text), (extra, choice.text)
