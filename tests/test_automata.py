@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models
+from tokenizers import decoders, models, pre_tokenizers
 
 from minipaged.sampling import StructuredOutputsParams
 from minipaged.structured import (
@@ -250,8 +250,6 @@ WORDS = [
     '{"',
     "é",
     "<pad>",
-    "b",
-    "2",
 ]
 
 
@@ -553,9 +551,9 @@ def test_text_a_vocabulary_cannot_write_is_refused_naming_it():
     assert set(np.flatnonzero(constraint.allowed())) == {WORDS.index("a")}
 
 
-def test_a_word_level_vocabulary_refuses_characters_only_inside_longer_tokens():
-    """'q' is only ever the start of the token 'qu': a pattern needing 'q' alone, then
-    something else, could never be finished, so the character is not written at all."""
+def test_a_word_level_vocabulary_allows_only_tokens_that_can_be_finished():
+    """'q' is only ever the start of the token 'qu': "qa" can never be written, and "q"
+    then "u" or "a" then "e" only as "qu" + "e"."""
     words = [*WORDS, "qu", "e"]
 
     class Words(Tiny):
@@ -566,18 +564,36 @@ def test_a_word_level_vocabulary_refuses_characters_only_inside_longer_tokens():
             self.hf.add_special_tokens(["<eos>", "<pad>"])
 
     automata = Automata(Words(), len(words), eos_token_ids=[0])
-    with pytest.raises(ValueError, match="cannot write 'q'"):
-        automata.compile(StructuredOutputsParams(regex="q(u|a)e"))
+    with pytest.raises(ValueError, match="written with this model's tokens"):
+        automata.compile(StructuredOutputsParams(regex="qa"))
+    constraint = automata.compile(StructuredOutputsParams(regex="q(u|a)e|a+"))
+    assert set(np.flatnonzero(constraint.allowed())) == {words.index("qu"), 4}
+    constraint.advance(words.index("qu"))
+    assert set(np.flatnonzero(constraint.allowed())) == {words.index("e")}
+    constraint.advance(words.index("e"))
+    assert set(np.flatnonzero(constraint.allowed())) == {0}  # the end
 
 
 # ---- the cache of automata -----------------------------------------------------------
 
 
+class Bytes:
+    """A byte-level tokenizer of the 256 bytes alone, and an end-of-sequence token."""
+
+    def __init__(self):
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        vocab = {c: i for i, c in enumerate(alphabet)} | {"<eos>": len(alphabet)}
+        self.hf = HFTokenizer(models.BPE(vocab, merges=[]))
+        self.hf.decoder = decoders.ByteLevel()
+        self.hf.add_special_tokens(["<eos>"])
+
+
 def test_the_cache_stays_bounded_after_100_distinct_costly_patterns():
-    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
-    automata.max_cached_states = 200_000
+    automata = Automata(Bytes(), 257, eos_token_ids=[256])
+    assert automata.vocabulary.splits
+    automata.max_cached_states = 100_000
     sizes, start = [], time.perf_counter()
-    costly = "((a|x){{1000}}){{3}}x{{{}}}".format
+    costly = "((a|x){{1000}}){{2}}x{{{}}}".format
     first = automata.hold(StructuredOutputsParams(regex=costly(100)))
     for i in range(100):
         automata.compile(StructuredOutputsParams(regex=costly(i)))

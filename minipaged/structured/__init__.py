@@ -124,6 +124,8 @@ def token_texts(tokenizer, vocab_size: int) -> list[str | None]:
 LEADS = {2: (0xC2, 0xDF, 0x1F, 0x80), 3: (0xE0, 0xEF, 0x0F, 0x800)}
 LEADS[4] = (0xF0, 0xF4, 0x07, 0x10000)
 CONTINUATION = range(0x80, 0xC0)
+# token-level states Automaton.explore may visit
+MAX_EXPLORED = 50_000
 
 
 def utf8_length(lead: int) -> int:
@@ -180,26 +182,24 @@ class Vocabulary:
         self.alphabet = self._alphabet(pieces, singles, budget)
 
     def _alphabet(self, pieces, singles: set[int], budget: Budget) -> Ranges:
-        ranges = [(b, b) for b in singles if b < 0x80]
-        for first, last, _, _ in LEADS.values():
-            for lead in range(first, last + 1):
-                if lead not in singles:
-                    continue
-                lo, hi = prefix_range(bytes([lead]))
-                if self.splits:
-                    ranges.append((lo, hi))
-                    continue
-                ranges += [
-                    (c, c)
-                    for c in range(lo, hi + 1)
-                    if 0xD800 > c or c > 0xDFFF
-                    if all(b in singles for b in chr(c).encode()[1:])
-                ]
+        """Where every continuation byte is a token (`splits`): the characters whose
+        bytes are all tokens, and those that tokens spell whole. Elsewhere (a word-level
+        vocabulary): every character some token holds (which of them can be finished is
+        then found by exploring, Automaton.explore)."""
         known = set()
         for piece in pieces:
             budget.tick()
             if piece:
                 known.update(piece.decode("utf-8", errors="ignore"))
+        if not self.splits:
+            return Ranges((ord(c), ord(c)) for c in known) & SCALARS
+        ranges = [(b, b) for b in singles if b < 0x80]
+        for first, last, _, _ in LEADS.values():
+            ranges += [
+                prefix_range(bytes([lead]))
+                for lead in range(first, last + 1)
+                if lead in singles
+            ]
         whole = {p for p in pieces if p}
         have = Ranges(ranges)
         for ch in known:
@@ -207,14 +207,12 @@ class Vocabulary:
                 ranges.append((ord(ch), ord(ch)))
         return Ranges(ranges) & SCALARS
 
-    def allowed(
-        self, automaton: Automaton, state: int, budget: Budget = UNBOUNDED
-    ) -> np.ndarray:
-        """Every token whose bytes, read from `state`, leave the automaton alive (and,
-        if tokens may not end inside a character, at a character's end): a depth-first
-        walk of the trie that stops at the first byte refused (the whole subtree goes).
-        """
-        allowed: list[int] = []
+    def walk(self, automaton: Automaton, state: int, budget: Budget = UNBOUNDED):
+        """Every (tokens, state after them) of tokens whose bytes, read from `state`,
+        leave the automaton alive (and, if tokens may not end inside a character, at a
+        character's end): a depth-first walk of the trie that stops at the first byte
+        refused (the whole subtree goes)."""
+        found: list[tuple[tuple[int, ...], int]] = []
         todo = [(0, state)]
         step, moves, states = automaton.step, automaton.moves, automaton.states
         children, tokens, splits = self.children, self.tokens, self.splits
@@ -231,8 +229,22 @@ class Vocabulary:
                     nxt = step(at, b)
                 if nxt != DEAD:
                     if tokens[child] and (splits or not states[nxt][1]):
-                        allowed += tokens[child]
+                        found.append((tokens[child], nxt))
                     todo.append((child, nxt))
+        return found
+
+    def allowed(
+        self, automaton: Automaton, state: int, budget: Budget = UNBOUNDED
+    ) -> np.ndarray:
+        """The tokens of `walk` that lead to a state a match can still be finished from
+        (every one, unless the automaton was explored: Automaton.live)."""
+        live = automaton.live
+        allowed = [
+            t
+            for tokens, nxt in self.walk(automaton, state, budget)
+            if live is None or nxt in live
+            for t in tokens
+        ]
         mask = np.zeros(self.size, dtype=bool)
         mask[allowed] = True
         return mask
@@ -260,6 +272,8 @@ class Automaton:
         self.ids: dict[tuple[int, bytes], int] = {}
         self.moves: list[dict[int, int]] = []
         self.start = self.number(dfa.start, b"")
+        # the states a match can be finished from, where not every one can (explore)
+        self.live: set[int] | None = None
 
     def number(self, at: int, prefix: bytes) -> int:
         if at == DEAD:
@@ -297,6 +311,40 @@ class Automaton:
         if lo > hi or not self.dfa.overlaps(at, lo, hi):
             return DEAD
         return self.number(at, data)
+
+    def explore(self, budget: Budget, limit: int = MAX_EXPLORED) -> None:
+        """Find the states a match can be finished from, by tokens: every state tokens
+        lead to from the start, then back from the whole matches (a vocabulary that
+        does not write every character on its own can leave a text alive that no token
+        finishes: a word-level one, 'q' only inside 'qu'). Bounded: past `limit` states
+        a ValueError."""
+        after: dict[int, set[int]] = {}
+        todo, seen = [self.start], {self.start}
+        while todo:
+            state = todo.pop()
+            after[state] = {nxt for _, nxt in self.vocabulary.walk(self, state, budget)}
+            for nxt in after[state] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+            if len(seen) > limit:
+                raise ValueError(
+                    f"its automaton has more than {limit} states over this model's"
+                    " tokens, too many to check which can be finished (the vocabulary"
+                    " does not spell every character on its own): write a smaller"
+                    " pattern"
+                )
+        before: dict[int, list[int]] = {}
+        for state, nexts in after.items():
+            for nxt in nexts:
+                before.setdefault(nxt, []).append(state)
+        live = {s for s in seen if self.accepting(s)}
+        todo = list(live)
+        while todo:
+            for state in before.get(todo.pop(), ()):
+                if state not in live:
+                    live.add(state)
+                    todo.append(state)
+        self.live = live
 
     def pending(self, state: int) -> bool:
         """Is the state inside a character?"""
@@ -505,10 +553,12 @@ class Automata:
             pattern = regex_of(spec)
             dfa = compile_regex(pattern, vocabulary.alphabet, budget)
             automaton = Automaton(dfa, vocabulary, self.eos_token_ids, self.masks)
+            if not vocabulary.splits:
+                automaton.explore(budget)
             if not automaton.allowed(automaton.start, budget).any():
                 raise ValueError(
-                    "no token of this model's vocabulary can begin it (and it is"
-                    " not already a whole match)"
+                    "no text that matches it can be written with this model's tokens"
+                    " (and it is not already a whole match)"
                 )
         except RecursionError:
             raise ValueError(
