@@ -393,7 +393,7 @@ class MaskCache:
     `limit` (a mask is a vocabulary's worth of bools: 49 KB for SmolLM2); shared by the
     engine thread and the server's compiling thread, so locked."""
 
-    def __init__(self, limit: int = 1024):
+    def __init__(self, limit: int = 512):
         self.limit, self.lock = limit, threading.Lock()
         self.masks: OrderedDict = OrderedDict()
 
