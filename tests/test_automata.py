@@ -7,9 +7,11 @@ schema keywords not supported; and the cache of automata stays bounded."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -595,12 +597,17 @@ def test_the_cache_stays_bounded_after_100_distinct_costly_patterns():
     sizes, start = [], time.perf_counter()
     costly = "((a|x){{1000}}){{2}}x{{{}}}".format
     first = automata.hold(StructuredOutputsParams(regex=costly(100)))
+    dropped = weakref.ref(
+        automata.compile(StructuredOutputsParams(regex=costly(101))).automaton
+    )
     for i in range(100):
         automata.compile(StructuredOutputsParams(regex=costly(i)))
         sizes.append(automata.cached_states())
         assert len(automata.cache) <= automata.max_cached
         assert automata.cached_states() <= automata.max_cached_states
         assert time.perf_counter() - start < 120
+    gc.collect()
+    assert dropped() is None  # an automaton dropped is freed, its masks too
     # a held automaton is never dropped; let go, it can be
     assert StructuredOutputsParams(regex=costly(100)).key() in automata.cache
     first()

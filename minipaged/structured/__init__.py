@@ -9,6 +9,7 @@ vocabulary can write, so every token a mask allows leaves a way to a whole match
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections import OrderedDict
@@ -126,6 +127,7 @@ LEADS[4] = (0xF0, 0xF4, 0x07, 0x10000)
 CONTINUATION = range(0x80, 0xC0)
 # token-level states Automaton.explore may visit
 MAX_EXPLORED = 50_000
+SERIALS = itertools.count()  # each automaton's number
 
 
 def utf8_length(lead: int) -> int:
@@ -268,6 +270,7 @@ class Automaton:
         self.dfa, self.vocabulary = dfa, vocabulary
         self.eos = [t for t in eos_token_ids if t < vocabulary.size]
         self.cache = cache if cache is not None else MaskCache()
+        self.serial = next(SERIALS)  # its masks' name in the cache
         self.states: list[tuple[int, bytes]] = []
         self.ids: dict[tuple[int, bytes], int] = {}
         self.moves: list[dict[int, int]] = []
@@ -398,27 +401,33 @@ class MaskCache:
         self.masks: OrderedDict = OrderedDict()
 
     def get(self, automaton: Automaton, state: int):
-        key = (id(automaton), state)
+        key = (automaton.serial, state)
         with self.lock:
             mask = self.masks.get(key)
-            if mask is not None and mask[0] is automaton:
+            if mask is not None:
                 self.masks.move_to_end(key)
-                return mask[1]
-        return None
+            return mask
 
     def put(self, automaton: Automaton, state: int, mask: np.ndarray) -> None:
         with self.lock:
-            self.masks[(id(automaton), state)] = (automaton, mask)
+            self.masks[(automaton.serial, state)] = mask
             while len(self.masks) > self.limit:
                 self.masks.popitem(last=False)
 
     def of(self, automaton: Automaton) -> dict[int, np.ndarray]:
+        """An automaton's masks in the cache, by state."""
         with self.lock:
             return {
                 state: mask
-                for (_, state), (owner, mask) in self.masks.items()
-                if owner is automaton
+                for (serial, state), mask in self.masks.items()
+                if serial == automaton.serial
             }
+
+    def forget(self, automaton: Automaton) -> None:
+        """Drop an automaton's masks (it left the cache of automata)."""
+        with self.lock:
+            for key in [k for k in self.masks if k[0] == automaton.serial]:
+                del self.masks[key]
 
     def __len__(self) -> int:
         return len(self.masks)
@@ -581,7 +590,7 @@ class Automata:
             ):
                 return
             if key not in self.held:
-                del self.cache[key]
+                self.masks.forget(self.cache.pop(key))
 
     def cached_states(self) -> int:
         """The states of every cached automaton (NFA, DFA and byte-level)."""

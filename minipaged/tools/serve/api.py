@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import secrets
-import threading
 import time
 from collections import Counter
 from contextlib import asynccontextmanager
@@ -127,9 +126,8 @@ class Server:
         )
         # for the schema: the engine checks token ids
         self.vocab_size = engine.model.config.vocab_size
-        # structured output's compiler (built on first use, off the event loop, under
-        # the lock): a bad regex is a 400 at the door
-        self.constrainer, self.building = engine.constrainer, threading.Lock()
+        # structured output's compiler: a bad regex is a 400 at the door
+        self.constrainer = engine.constrainer
         # patterns compiling at once, each on a worker thread
         self.compiling = asyncio.Semaphore(COMPILING)
         # a request's `priority` needs a waiting order that reads it
@@ -848,7 +846,8 @@ class Server:
             return lambda: None
         try:
             async with self.compiling:
-                backend = self._backend()
+                # quick: its vocabulary waits for a compile
+                backend = self.constrainer()
                 hold = getattr(backend, "hold", None)
                 if hold is None:  # another backend: compiled and cached its own way
                     await asyncio.to_thread(backend.compile, spec)
@@ -856,24 +855,16 @@ class Server:
                 return await finish_even_if_cancelled(
                     asyncio.to_thread(hold, spec, self._busy)
                 )
-        except ValueError as error:
+        except BaseException as error:  # refused, or the handler cancelled
             for _ in prompts if done is not None else ():
                 done()
-            raise APIError(400, str(error), tools.field_of(body)) from None
-        except BaseException:
-            for _ in prompts if done is not None else ():
-                done()
+            if isinstance(error, ValueError):
+                raise APIError(400, str(error), tools.field_of(body)) from None
             raise
 
     def _busy(self) -> bool:
         """Does the engine run requests now (read from any thread)?"""
         return self.loop.num_unfinished > 0
-
-    def _backend(self):
-        """The engine's structured-output backend (built once, quickly: its vocabulary
-        is built at its first compile, on the worker thread)."""
-        with self.building:
-            return self.constrainer()
 
     def _pool_room(self, prompt_len: int, n: int) -> int:
         """The most tokens each of n sequences may add to a prompt with the whole KV
