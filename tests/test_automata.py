@@ -401,6 +401,12 @@ def test_groups_nested_past_the_limit_are_a_clear_error_not_a_recursion_error():
                 json={"type": "string", "pattern": "(" * 400 + "a" + ")" * 400}
             )
         )
+    automata = Automata(Tiny(), len(WORDS), eos_token_ids=[0])
+    very = {"type": "integer"}
+    for _ in range(5000):
+        very = {"type": "array", "items": very}
+    with pytest.raises(ValueError, match=r"structured_outputs\.json: .*nest"):
+        automata.compile(StructuredOutputsParams(json=very))
     nested = {"type": "integer"}
     for _ in range(30):
         nested = {"type": "array", "items": nested}
@@ -428,6 +434,8 @@ def test_a_pattern_past_the_state_or_time_budget_is_refused():
         ("a$b", "'$' before the end"),
         ("(a$)", "anchor '$'"),
         ("[\\ud800-\\udfff]", "no character"),
+        ("a" + "*" * 5000, "a repeat of a repeat"),
+        ("a{2}{3}", "a repeat of a repeat"),
     ],
 )
 def test_anchors_inside_and_empty_classes_are_refused(pattern, words):

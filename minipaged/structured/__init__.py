@@ -58,6 +58,17 @@ def field_of(spec) -> str:
     return "json_object"
 
 
+def key_of(spec) -> str:
+    """The cache's name for a constraint (a ValueError if it nests past what JSON can
+    write)."""
+    try:
+        return spec.key()
+    except RecursionError:
+        raise ValueError(
+            f"structured_outputs.{field_of(spec)}: it nests too deeply to compile"
+        ) from None
+
+
 def byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet back to bytes: the printable bytes stand for
     themselves, the others were moved to code points 256 and up ("Ġ" is the space)."""
@@ -516,7 +527,7 @@ class Automata:
         so) and keep its automaton cached until the returned function is called: the
         server compiles on its own thread, then the engine's add_request finds it here,
         however many others were compiled meanwhile."""
-        key = spec.key()
+        key = key_of(spec)
         self.automaton(spec, hold=True, courteous=busy or True)
         released = False
 
@@ -533,7 +544,7 @@ class Automata:
         return release
 
     def automaton(self, spec, hold: bool = False, courteous=False) -> Automaton:
-        key = spec.key()
+        key = key_of(spec)
         with self.lock:
             automaton = self.cache.get(key)
             if automaton is not None:

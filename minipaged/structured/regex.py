@@ -248,6 +248,10 @@ class Parser:
                 raise self.error(
                     "lazy and possessive quantifiers (*?, ++) are not supported"
                 )
+            if node[0] == "rep":
+                raise self.error(
+                    "a repeat of a repeat (write a group around the first)"
+                )
             node = ("rep", node, low, high)
         return node
 
