@@ -13,12 +13,13 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from minipaged.tools.lab import kernel_props
+from minipaged.tools.lab import delegation, kernel_props
 from minipaged.tools.lab.grading import parameters
 from minipaged.tools.lab.labs import LABS
 
@@ -319,6 +320,17 @@ def test_bad_arguments_get_one_line(args, message):
         (
             (
                 "from minipaged import paging\nclass"
+                " BlockAllocator(paging.BlockAllocator): pass\nclass"
+                " BlockTable(paging.BlockTable): pass\n"
+            ),
+            (
+                "your BlockAllocator has no allocate of its own, so the engine's would"
+                " be graded in its place"
+            ),
+        ),
+        (
+            (
+                "from minipaged import paging\nclass"
                 " BlockAllocator(paging.BlockAllocator):\n    def allocate(self, n):"
                 " pass\nclass BlockTable(paging.BlockTable): pass\n"
             ),
@@ -519,3 +531,72 @@ def test_every_lab_command_the_readmes_quote_parses_as_typed():
         except SystemExit as stop:
             assert stop.code == 0, command
     assert "source .venv/bin/activate" in (ROOT / "labs/README.md").read_text()
+
+
+def lab_bodies(lab) -> dict[str, list[str]]:
+    """The engine's code a lab asks for: piece -> the lines of its body (docstring and
+    comments aside, 20 characters or more: the lines that say how)."""
+    if lab.starter.endswith(".cu"):
+        struct = kernel_props.engine_struct()
+        body = struct[struct.index("operator[]") :]
+        body = body[body.index("{") + 1 : body.index("}")]
+        lines = [line.strip() for line in body.splitlines()]
+        return {"PagedRows::operator[]": [line for line in lines if len(line) >= 20]}
+    solution, bodies = lab.solution(), {}
+    for name, methods in delegation.to_write(lab.starter_path).items():
+        engine = solution[name]
+        owners = (
+            [(name, engine)]
+            if not methods
+            else [
+                (f"{name}.{m}", next(c for c in engine.__mro__ if m in vars(c)))
+                for m in methods
+            ]
+        )
+        for label, owner in owners:
+            function = vars(owner)[label.split(".")[1]] if methods else owner
+            source = textwrap.dedent(inspect.getsource(function))
+            node = ast.parse(source).body[0]
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            lines = source.splitlines()
+            bodies[label] = [
+                line.strip()
+                for statement in body
+                for line in lines[statement.lineno - 1 : statement.end_lineno]
+                if not line.strip().startswith("#")
+            ]
+    return {
+        label: [line for line in lines if len(line) >= 20]
+        for label, lines in bodies.items()
+    }
+
+
+def test_no_notebook_shows_the_code_a_lab_asks_for():
+    """A notebook shows a lab's idea and the engine's behaviour, never the lines the
+    lab asks a participant to write: not in a cell, not in a stored output (a printed
+    source, numbered or not)."""
+    import json
+
+    shown = {}
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        texts = []
+        for cell in json.loads(notebook.read_text())["cells"]:
+            texts.append("".join(cell["source"]))
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                for text in (output.get("text"), data.get("text/plain")):
+                    texts.append("".join(text or ""))
+        shown[notebook.name] = {
+            re.sub(r"^\d+\s+", "", line.strip())
+            for text in texts
+            for line in text.splitlines()
+        }
+    found = []
+    for number, lab in LABS.items():
+        for piece, lines in lab_bodies(lab).items():
+            assert lines, piece
+            for name, seen in shown.items():
+                hit = [line for line in lines if line in seen]
+                if len(hit) >= max(1, (len(lines) + 1) // 2):
+                    found.append(f"{name} shows lab {number}'s {piece}: {hit}")
+    assert not found, found

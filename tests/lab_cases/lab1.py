@@ -183,6 +183,21 @@ MISTAKES = [
         "",
         "a table's free releases every frame, last block first",
     ),
+    (
+        "allocate hands its work to the engine's own (super())",
+        "        if not self.free_frames:\n",
+        "        return super().allocate()\n        if not self.free_frames:\n",
+        "allocate hands out each free frame once, with ref count 1",
+    ),
+    (
+        "append_slot hands its work to the engine's own (super())",
+        "        size = self.allocator.block_size\n        offset, cow =",
+        (
+            "        return super().append_slot(token_id)\n        size ="
+            " self.allocator.block_size\n        offset, cow ="
+        ),
+        "append_slot takes a new frame only when the last one is full",
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

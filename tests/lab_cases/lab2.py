@@ -137,6 +137,16 @@ MISTAKES = [
         "        self.allocator.free(src)\n        dst = self.allocator.allocate()\n",
         "a copy without a free frame raises and changes nothing",
     ),
+    (
+        "fork hands its work to the engine's own (super())",
+        "        for frame in self.frames:\n            self.allocator.incref(frame)\n",
+        (
+            "        return super().fork()\n"
+            "        for frame in self.frames:\n"
+            "            self.allocator.incref(frame)\n"
+        ),
+        "fork shares every frame: same frames, ref counts + 1, nothing allocated",
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

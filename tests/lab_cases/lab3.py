@@ -119,6 +119,21 @@ MISTAKES = [
         "        pass\n",
         "a hit revives a parked frame: it is not evicted while mapped",
     ),
+    (
+        "lookup hands its work to the engine's own (super())",
+        "        frame = self.frame_of.get(block_hash(prev_hash, token_ids))\n",
+        (
+            "        return super().lookup(prev_hash, token_ids)\n        frame ="
+            " self.frame_of.get(block_hash(prev_hash, token_ids))\n"
+        ),
+        "lookup finds what insert stored, and only that",
+    ),
+    (
+        "block_hash is the engine's own, imported and called",
+        "    return hash((prev_hash, tuple(token_ids)))\n",
+        ("    return paging.block_hash(prev_hash, token_ids)\n"),
+        "block_hash gives one int per block, for a list or a tuple alike",
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

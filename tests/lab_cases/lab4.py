@@ -161,6 +161,15 @@ MISTAKES = [
         ),
         PREEMPTS,
     ),
+    (
+        "_admit hands its work to the engine's own (super())",
+        "        free, promised = self.blocks.num_free_frames, 0\n",
+        (
+            "        return super()._admit(batch)\n        free, promised ="
+            " self.blocks.num_free_frames, 0\n"
+        ),
+        ADMITS,
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

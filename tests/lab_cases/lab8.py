@@ -86,6 +86,15 @@ MISTAKES = [
         "grown = min(length + self.window // 2, final_len)",
         NEXT,
     ),
+    (
+        "growth hands its work to the engine's own (super())",
+        "        length = max(",
+        (
+            "        return super().growth(request, blocks, final_len)\n"
+            "        length = max("
+        ),
+        NEXT,
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

@@ -140,6 +140,25 @@ MISTAKES = [
         "",
         GROWS,
     ),
+    (
+        "truncate hands its work to the engine's own (super())",
+        "        size = self.allocator.block_size\n",
+        (
+            "        return super().truncate(num_tokens)\n"
+            "        size = self.allocator.block_size\n"
+        ),
+        FREES,
+    ),
+    (
+        "ngram_propose is the engine's own, imported and called",
+        "    length = len(token_ids)\n",
+        (
+            "    from minipaged.speculative.ngram import ngram_propose as engines\n"
+            "    return engines(token_ids, k, min_n, max_n)\n"
+            "    length = len(token_ids)\n"
+        ),
+        LATEST,
+    ),
 ]
 
 # the line that opens a method body: the loop, crash and exit tests put a statement

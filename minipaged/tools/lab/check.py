@@ -13,9 +13,10 @@ import re
 import signal
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from minipaged.tools.lab import kernel_props
+from minipaged.tools.lab import delegation, kernel_props
 from minipaged.tools.lab.engine_run import load_model, serve
 from minipaged.tools.lab.grading import (
     NotLoadable,
@@ -53,7 +54,23 @@ def pieces_of(lab: Lab, path: Path | None):
         raise NotLoadable(
             f"{path.name} changed a signature the engine calls: {wrong[0]}"
         )
+    wrong = delegation.not_written(module, path, delegation.to_write(lab.starter_path))
+    if wrong:
+        raise NotLoadable(wrong)
     return module
+
+
+@contextmanager
+def graded_as_written(lab: Lab, path: Path | None):
+    """While the block runs, the engine's own version of each piece the lab asks for
+    raises Delegated when the participant's file calls it (none for --solution and the
+    kernel lab)."""
+    if path is None or lab.starter.endswith(".cu"):
+        yield
+        return
+    pieces = delegation.to_write(lab.starter_path)
+    with delegation.guarded(lab.number, lab.solution(), pieces, path):
+        yield
 
 
 def check(
@@ -221,6 +238,21 @@ def run_check(
     except NotLoadable as error:
         say(f"  cannot check it: {error}")
         return 1
+    with graded_as_written(lab, path):
+        return judge_and_serve(lab, path, model, pictures, engine, doing, pieces)
+
+
+def judge_and_serve(
+    lab: Lab,
+    path: Path | None,
+    model: str | None,
+    pictures: Path,
+    engine: bool,
+    doing,
+    pieces,
+) -> int:
+    """Each property in turn, said as soon as it is known; then, when all hold, the
+    model served with the participant's pieces."""
     verdicts = []
     for prop in lab.properties:
         doing(prop.sentence, lab.seconds)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from minipaged.tools.lab.delegation import Delegated
+
 
 class Failed(AssertionError):
     """A property does not hold: `given` is the small input, `detail` what went wrong on
@@ -191,6 +193,8 @@ def what_broke(error: BaseException, path: Path | None) -> str:
         and str(error.args[0]).startswith("still running")
     ):
         return f"{who} did not return within {error.args[1]} s: an endless loop?"
+    if isinstance(error, Delegated):
+        return str(error)
     if isinstance(error, SystemExit):
         return (
             f"{who} called sys.exit({error.code!r}): a lab's code returns or raises, it"
