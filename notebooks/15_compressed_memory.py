@@ -230,3 +230,21 @@ print(
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 11, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 11** (about 25 minutes): the int8 codec of the KV cache: a scale per row, codes, and back.
+#
+#   ```
+#   cp labs/lab11_compressed_memory.py my_codec.py
+#   python -m minipaged.lab check 11 my_codec.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 11` shows the next hint, one at a time, from the idea to the code.

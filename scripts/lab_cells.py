@@ -83,6 +83,13 @@ PLAN = {
     "14_fair_queuing": [
         (10, "fair queuing: the virtual token counter's waiting order.", "my_fair.py")
     ],
+    "15_compressed_memory": [
+        (
+            11,
+            "the int8 codec of the KV cache: a scale per row, codes, and back.",
+            "my_codec.py",
+        )
+    ],
 }
 
 

@@ -16,12 +16,13 @@ from minipaged.tools.lab import (
     aging_lab,
     batcher_props,
     clock_lab,
+    compressed_lab,
     fair_lab,
     kernel_props,
     paging_props,
     speculation_lab,
     working_set_lab,
-)  # labs 10, 9 and 8
+)
 from minipaged.tools.lab.grading import Property
 
 # the starters, at the top of the repository (minipaged/tools/lab/ is three below)
@@ -202,13 +203,26 @@ LABS = {
             "fair queuing: the virtual token counter's order",
             "lab10_fair_queuing.py",
             25,
-            "docs/14_fair_queuing.md; lab 7 helps",
+            "notebook 14 (fair queuing); lab 7 helps",
             fair_lab.solution,
             fair_lab.PROPERTIES,
             fair_lab.ENGINE,
             samples=False,
             meeting="14, fair queuing",
             run=fair_lab.serve_lab10,
-        ),  # (lab 10)
+        ),
+        Lab(
+            11,
+            "compressed memory: the int8 codec of the KV cache",
+            "lab11_compressed_memory.py",
+            25,
+            "notebook 15 (compressed memory)",
+            compressed_lab.solution,
+            compressed_lab.PROPERTIES,
+            compressed_lab.ENGINE,
+            samples=False,
+            meeting="15, compressed memory",
+            run=compressed_lab.serve_lab11,
+        ),
     ]
 }
