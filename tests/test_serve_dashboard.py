@@ -1,6 +1,7 @@
 """The live dashboard: request colours and letters, prefix-cache counts at admission, a
 tokens/s window, each client's service, and the page itself in a real browser (headless
-Chromium, Debian's package, driven by Playwright) in projector mode at 1280x720.
+Chromium, Debian's package, driven by Playwright) in projector mode at 1280x720, and
+idle, before the first request: the pool and the queues drawn within a second.
 Screenshots go to tmp; MINIPAGED_UPDATE_FIGURES=1 also writes them to docs/figures/
 (dashboard.png, dashboard-projector.png, dashboard-static.png).
 """
@@ -8,6 +9,7 @@ Screenshots go to tmp; MINIPAGED_UPDATE_FIGURES=1 also writes them to docs/figur
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import os
 import random
@@ -649,6 +651,68 @@ def save(page, tmp_path: Path, name: str) -> None:
     assert (tmp_path / name).stat().st_size > 10_000
     if os.environ.get("MINIPAGED_UPDATE_FIGURES"):
         shutil.copy(tmp_path / name, FIGURES / name)
+
+
+# The idle page is drawn: the frame map's cells, no "connecting…", the queues said
+# empty.
+DRAWN = """() => document.querySelectorAll("#frames .frame").length > 0
+  && !document.getElementById("title").textContent.includes("connecting")
+  && document.getElementById("n-running").textContent === "(0)"
+  && document.querySelector("#q-waiting .empty") !== null"""
+
+
+def test_an_idle_dashboard_draws_its_pool_and_queues_within_a_second(tmp_path):
+    """Before any request (what a projector shows as a meeting starts): the snapshot is
+    the idle engine's, its empty pool, its queues and its model; the event stream sends
+    it as the page connects; and Chromium draws the pool and the queues within a second
+    of the page's start, in both modes, "connecting…" gone. A page whose events cannot
+    connect still says "connecting…"."""
+    executable = chromium()
+    import playwright.sync_api as playwright
+
+    llm = LLM(str(write_checkpoint(tmp_path / "model")), device="cpu", num_blocks=16)
+    server = Server(
+        llm.new_engine(num_blocks=48, block_size=8),
+        llm.tokenizer,
+        ServerConfig(model_name="tiny-idle"),
+    )
+    with ServerThread(server) as url:
+        snapshot = httpx.get(f"{url}/dashboard/snapshot", timeout=10).json()
+        assert snapshot["model"] == "tiny-idle" and snapshot["step"] == 0
+        assert snapshot["frames"] == [None] * 48 and snapshot["free_frames"] == 48
+        assert snapshot["queues"] == {"running": [], "waiting": [], "swapped": []}
+        with httpx.stream("GET", f"{url}/dashboard/events", timeout=10) as events:
+            first = next(e for e in events.iter_lines() if e.startswith("data: "))
+        assert json.loads(first.removeprefix("data: "))["num_frames"] == 48
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=executable, headless=True, args=CHROMIUM_FLAGS
+            )
+            try:
+                for projector in (False, True):
+                    page = browser.new_page(viewport=PROJECTOR)
+                    page.goto(
+                        url + ("/?projector=1" if projector else "/"),
+                        wait_until="commit",
+                    )
+                    page.wait_for_function(DRAWN, polling=20, timeout=10_000)
+                    # milliseconds since the page's navigation started
+                    took = page.evaluate("performance.now()")
+                    assert took < 1000, f"the idle page took {took:.0f} ms to draw"
+                    check_view(page.evaluate(LOOK), projector)
+                    text = page.inner_text("body")
+                    assert "tiny-idle: 48 KV frames of 8 tokens" in text, text
+                    assert "0 of 48 in use" in text and "no request running" in text
+                    assert page.inner_text("#n-waiting") == "(0)"
+                    save(page, tmp_path, f"idle-{projector}.png")
+                    page.close()
+                page = browser.new_page(viewport=PROJECTOR)
+                page.route("**/dashboard/*", lambda route: route.abort())
+                page.goto(url + "/")
+                page.wait_for_timeout(500)
+                assert page.inner_text("#title") == "connecting…"
+            finally:
+                browser.close()
 
 
 def test_dashboard_shows_shared_frames_and_a_growing_timeline(tmp_path):

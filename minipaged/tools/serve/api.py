@@ -143,7 +143,10 @@ class Server:
         )
         self.logged: set[str] = set()  # unknown fields ignored and logged once (debug)
         self.dashboard = Dashboard(
-            config.model_name, config.snapshot_interval, config.dashboard_show_text
+            config.model_name,
+            config.snapshot_interval,
+            config.dashboard_show_text,
+            engine=engine,
         )
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
         self.slots = ClientSlots(config.max_concurrent_per_client)

@@ -124,7 +124,8 @@ class Dashboard:
     queues on the engine thread and publishes one plain dict as `latest`. It names
     requests by id and counts their tokens; their text only with `show_text` (the
     server's --dashboard-show-text), and `public` is always the same snapshot without
-    text (what a client without the API key gets).
+    text (what a client without the API key gets). Given the `engine` (idle, its loop
+    not started), it publishes the first snapshot at once.
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class Dashboard:
         interval: float = 0.1,
         show_text: bool = False,
         timeline_steps: int = 200,
+        engine=None,
     ):
         self.model_name, self.interval, self.show_text = model_name, interval, show_text
         # one row per step, newest last
@@ -163,6 +165,11 @@ class Dashboard:
         self.client_of: dict[str, str] = {}
         # (time, client's name -> tokens computed)
         self.window: deque[tuple[float, dict[str, int]]] = deque()
+        if engine is not None:
+            # the idle engine at once, before its loop runs: the page draws the empty
+            # pool, the queues and the model before the first request (the loop
+            # publishes after a step or a request only)
+            self.stepped(engine, None, idle=True)
 
     # ---- the engine loop's watcher interface (engine thread) -------------------------
     def stepped(self, engine, report, idle: bool) -> None:
