@@ -18,7 +18,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from minipaged.sampling import StructuredOutputsParams
+from minipaged.sampling import SamplingParams, StructuredOutputsParams
 from minipaged.structured import (
     DEAD,
     Automata,
@@ -711,3 +711,12 @@ def test_smollm2_spells_emoji_and_refuses_what_it_cannot_write(smol_automata):
     for spec in ({"regex": "a\\x04"}, {"choice": [chr(0x50000)]}):
         with pytest.raises(ValueError, match="cannot write"):
             automata.compile(StructuredOutputsParams(**spec))
+
+
+def test_the_engine_refuses_what_the_vocabulary_cannot_write(smollm2):
+    engine = smollm2.new_engine()
+    for spec in ({"choice": [chr(0x50000)]}, {"regex": "(" * 400 + ")" * 400}):
+        params = SamplingParams(structured_outputs=StructuredOutputsParams(**spec))
+        with pytest.raises(ValueError, match=r"request 'r': structured_outputs\."):
+            engine.add_request("r", "Hello", params)
+        assert not engine.has_unfinished_requests()

