@@ -20,8 +20,8 @@ from minipaged.structured.regex import (
     DEAD,
     DFA,
     MAX_STATES,
-    SCALARS,
     UNBOUNDED,
+    WRITABLE,
     Budget,
     Ranges,
     compile_regex,
@@ -205,7 +205,7 @@ class Vocabulary:
             if piece:
                 known.update(piece.decode("utf-8", errors="ignore"))
         if not self.splits:
-            return Ranges((ord(c), ord(c)) for c in known) & SCALARS
+            return Ranges((ord(c), ord(c)) for c in known) & WRITABLE
         ranges = [(b, b) for b in singles if b < 0x80]
         for first, last, _, _ in LEADS.values():
             ranges += [
@@ -218,7 +218,7 @@ class Vocabulary:
         for ch in known:
             if ord(ch) not in have and spelled(ch.encode(), whole):
                 ranges.append((ord(ch), ord(ch)))
-        return Ranges(ranges) & SCALARS
+        return Ranges(ranges) & WRITABLE
 
     def walk(self, automaton: Automaton, state: int, budget: Budget = UNBOUNDED):
         """Every (tokens, state after them) of tokens whose bytes, read from `state`,
@@ -359,10 +359,6 @@ class Automaton:
                     live.add(state)
                     todo.append(state)
         self.live = live
-
-    def pending(self, state: int) -> bool:
-        """Is the state inside a character?"""
-        return bool(self.states[state][1])
 
     def walk(self, state: int, data: bytes) -> int:
         for b in data:

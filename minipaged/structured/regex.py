@@ -139,7 +139,7 @@ class Ranges:
 
 
 # every code point UTF-8 can write: what any character class is first cut to
-SCALARS = Ranges([(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, UNICODE_MAX)])
+WRITABLE = Ranges([(0, SURROGATES[0] - 1), (SURROGATES[1] + 1, UNICODE_MAX)])
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class Chars:
     def positive(self) -> Ranges:
         """The same set as Ranges of characters UTF-8 can write (no surrogates)."""
         ranges = Ranges(self.ranges)
-        return (ranges.complement() if self.negated else ranges) & SCALARS
+        return (ranges.complement() if self.negated else ranges) & WRITABLE
 
 
 def one(ch: str) -> Chars:

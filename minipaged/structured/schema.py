@@ -3,7 +3,8 @@ object the pattern of its properties in order. JSON itself nests without bound, 
 finite automaton can count (a pushdown automaton can: XGrammar's), so "any JSON" here
 nests at most MAX_DEPTH objects or arrays deep, and a schema's own nesting is what it
 writes. What a schema says that the pattern cannot hold is refused (a ValueError naming
-the keyword), never dropped: every match parses and fits the schema.
+the keyword), never dropped: every match parses and fits the schema, but for oneOf, held
+as anyOf (a text that fits two of its schemas is not refused).
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from functools import cache
 
 from minipaged.structured.regex import (
     MAX_REPEAT,
+    WRITABLE,
     Chars,
     Ranges,
     one,
     parse,
     to_pattern,
-)
-from minipaged.structured.regex import (
-    SCALARS as WRITABLE,
 )
 
 # nesting of objects/arrays in "any JSON value" (json_object, {"type": "object"})
