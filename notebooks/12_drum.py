@@ -291,3 +291,21 @@ LineChart(
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 12, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 12** (about 25 minutes): the drum: the tier's store and load, where an evicted block waits and how it comes back.
+#
+#   ```
+#   cp labs/lab12_drum.py my_drum.py
+#   python -m minipaged.lab check 12 my_drum.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 12` shows the next hint, one at a time, from the idea to the code.

@@ -80,6 +80,16 @@ PLAN = {
             "my_aging.py",
         )
     ],
+    "12_drum": [
+        (
+            12,
+            (
+                "the drum: the tier's store and load, where an evicted block waits and"
+                " how it comes back."
+            ),
+            "my_drum.py",
+        )
+    ],
     "14_fair_queuing": [
         (10, "fair queuing: the virtual token counter's waiting order.", "my_fair.py")
     ],

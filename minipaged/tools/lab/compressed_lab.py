@@ -29,8 +29,7 @@ def solution() -> dict:
 
 def rows(shape=(5, 3, 8), seed: int = 0) -> np.ndarray:
     """Random float32 rows (..., kv_heads, head_dim), each row (token, head) of its own
-    magnitude
-    (0.01 to 50), as K and V rows are."""
+    magnitude (0.01 to 50), as K and V rows are."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape) * rng.uniform(0.01, 50, (*shape[:-1], 1))
     return x.astype(np.float32)
@@ -38,8 +37,7 @@ def rows(shape=(5, 3, 8), seed: int = 0) -> np.ndarray:
 
 def coded(m, x: np.ndarray):
     """(scale, codes, decoded) of x by the participant's codec, as write_kv and gather
-    use it: the
-    scale is stored in float16, and decoding reads the stored one."""
+    use it: the scale is stored in float16, and decoding reads the stored one."""
     codec = m.Int8()
     scale = codec.scale_of(x)
     codes = codec.encode(x, scale)
@@ -90,9 +88,8 @@ def round_trip(m) -> None:
     given = "6 tokens x 3 KV heads x 16 numbers, each row of its own size (0.01 to 50)"
     scale, codes, back = coded(m, x)
     step = np.asarray(scale).astype(np.float32)[..., None]
-    bound = (
-        step / 2 + np.abs(x).max(axis=-1, keepdims=True) * 2**-10
-    )  # + float16's rounding of the scale
+    # + float16's rounding of the scale
+    bound = step / 2 + np.abs(x).max(axis=-1, keepdims=True) * 2**-10
     error = np.abs(np.asarray(back, dtype=np.float64) - x)
     bad = np.argwhere(~(error <= bound))
     if len(bad):
@@ -269,8 +266,7 @@ MAX_TOKENS = 8
 
 class Watched:
     """Their codec as the engine calls it, the first rows it coded kept (layer 0's K
-    rows of the
-    first step): the row the picture shows."""
+    rows of the first step): the row the picture shows."""
 
     def __init__(self, codec):
         self.codec, self.name, self.dtype, self.first = (
@@ -388,9 +384,8 @@ def serve_lab11(pieces, llm, pictures: Path) -> list[str]:
     )
     pictures.mkdir(parents=True, exist_ok=True)
     (pictures / "lab11_frames.svg").write_text(chart.svg())
-    row = watched.first[
-        min(5, len(watched.first) - 1), 0
-    ]  # layer 0's K, a token of the first prompt, head 0
+    # layer 0's K, a token of the first prompt, head 0
+    row = watched.first[min(5, len(watched.first) - 1), 0]
     (pictures / "lab11_row.svg").write_text(row_chart(row, pieces.Int8()).svg())
     return lines + [
         "",

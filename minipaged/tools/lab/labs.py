@@ -17,6 +17,7 @@ from minipaged.tools.lab import (
     batcher_props,
     clock_lab,
     compressed_lab,
+    drum_lab,
     fair_lab,
     kernel_props,
     paging_props,
@@ -223,6 +224,19 @@ LABS = {
             samples=False,
             meeting="15, compressed memory",
             run=compressed_lab.serve_lab11,
+        ),
+        Lab(
+            12,
+            "the drum: the tier's store and load behind the KV pool",
+            "lab12_drum.py",
+            25,
+            "notebook 12 (the drum); lab 3 helps",
+            drum_lab.solution,
+            drum_lab.PROPERTIES,
+            drum_lab.ENGINE,
+            samples=False,
+            meeting="12, the drum: a slower tier behind memory",
+            run=drum_lab.serve_lab12,
         ),
     ]
 }
