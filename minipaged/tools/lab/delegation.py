@@ -48,8 +48,9 @@ def to_write(starter: Path) -> dict[str, list[str]]:
 
 
 def mine(function, path: Path) -> bool:
-    """Is `function` written in the participant's file?"""
-    code = getattr(function, "__code__", None)
+    """Is `function` written in the participant's file (under any decorator that keeps
+    `__wrapped__`)?"""
+    code = getattr(inspect.unwrap(function), "__code__", None)
     return code is not None and Path(code.co_filename).resolve() == path.resolve()
 
 
