@@ -302,28 +302,29 @@ def test_the_engine_refuses_a_client_that_is_not_a_name(llm):
     assert not engine.has_unfinished_requests()
 
 
-def test_fair_needs_no_per_client_bound_whatever_its_spelling():
+def test_the_server_orders_fairly_and_bounds_no_client_by_default():
     """Issue 41: `--scheduling-policy minipaged.policies.fair:Fair` kept fcfs's bound of
-    4; fair by name, by path, a subclass or an instance of one drops it."""
+    4. Issue 40: the bound is opt-in whatever the order, and fair is the server's
+    default order (LLM(...) keeps fcfs)."""
     parse = serve_cli.build_parser().parse_args
 
     def bound(*args: str) -> int:
         return parse(list(args)).max_concurrent_per_client
 
-    assert bound() == 4
+    assert bound() == 0 and parse([]).scheduling_policy == "fair"
     for spelling in (
         "fair",
         "minipaged.policies.fair:Fair",
         "test_fair_queuing:Recording",  # a subclass
         "test_fair_queuing:SHARED",  # an instance
+        "sjf",
+        "minipaged.policies.defaults:FCFS",
     ):
         assert bound("--scheduling-policy", spelling) == 0, spelling
         assert (
             bound("--scheduling-policy", spelling, "--max-concurrent-per-client", "2")
             == 2
         )
-    for other in ("sjf", "minipaged.policies.defaults:FCFS"):
-        assert bound("--scheduling-policy", other) == 4, other
 
 
 def test_the_server_names_the_client_by_key(llm):

@@ -61,7 +61,7 @@ def test_the_command_line_builds_the_engine_it_names(folder):
             "kv_offload_frames",
         )
     } == {
-        "scheduling_policy": "fcfs",
+        "scheduling_policy": "fair",
         "prefix_cache_policy": "lru",
         "admission": "greedy",
         "kv_offload_frames": 0,

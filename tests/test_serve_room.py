@@ -1,12 +1,15 @@
 """Issue 19, a room cannot be swamped: each client's share of the batch
-(--max-concurrent-per-client).
+(--max-concurrent-per-client, opt-in since issue 40).
 
-A client past its share gets OpenAI's 429 at once while every other client is served;
-its slots come back when its answers finish or when it hangs up; a client is its address
-and its key; 0 turns the bound off; the command line's defaults bound a request's tokens
-and a client's share. Servers listen on 127.0.0.1 on free ports; every wait is bounded.
+A client past its share gets OpenAI's 429 at once, with a Retry-After estimated from its
+requests in flight, while every other client is served; its slots come back when its
+answers finish or when it hangs up; a client is its address and its key; 0 (the
+default) turns the bound off, and the command line's defaults then serve a batch of 64
+from one client by queueing, in the fair order. Servers listen on 127.0.0.1 on free
+ports; every wait is bounded.
 """
 
+import concurrent.futures
 import contextlib
 import io
 import re
@@ -24,8 +27,9 @@ from test_serve import metric, wait_until_idle
 
 from minipaged import LLM
 from minipaged.tools.serve import cli as serve_cli
-from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.api import ClientSlots, Server, ServerConfig
 from minipaged.tools.serve.cli import ServerThread
+from minipaged.tools.serve.protocol import APIError
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = {
@@ -111,7 +115,8 @@ def test_a_client_past_its_share_gets_a_429_and_the_others_are_served(tiny_llm):
             error["type"] == "RateLimitError"
             and "--max-concurrent-per-client 2" in error["message"]
         )
-        assert refused.headers["retry-after"] == "1"
+        # an estimate from alice's requests in flight, which a client can honour
+        assert 1 <= int(refused.headers["retry-after"]) <= 60, refused.headers
         with pytest.raises(
             openai.RateLimitError, match="already has 2 sequences unfinished"
         ):
@@ -275,20 +280,40 @@ def parse_error(*args: str) -> str:
     return stderr.getvalue().strip().splitlines()[-1]
 
 
-def test_the_command_line_bounds_tokens_and_shares_by_default(tiny_llm):
+def test_retry_after_is_the_typical_hold_less_the_oldest_request_s_age():
+    slots = ClientSlots(1)
+    assert slots.take("alice", 1, 1) is not None
+    assert slots.retry_after("alice") == ClientSlots.FIRST_GUESS  # nothing finished yet
+    slots.typical = 20.0
+    assert slots.retry_after("alice") in (19, 20)
+    slots.since["alice"] = [time.monotonic() - 15]
+    assert slots.retry_after("alice") in (5, 6)
+    slots.typical = 1000.0
+    assert slots.retry_after("alice") == 60  # the most the openai client waits
+    slots.typical = 0.1
+    assert slots.retry_after("alice") == 1
+    with pytest.raises(APIError) as refused:
+        slots.take("alice", 1, 1)
+    assert refused.value.status == 429 and refused.value.headers == {"Retry-After": "1"}
+
+
+def test_the_command_line_bounds_tokens_and_queues_by_default(tiny_llm):
     """The defaults a lecturer gets from `make serve`, and what they do in a real
-    process."""
+    process: no per-client bound, the fair order, and one client's batch of 8, 16 or 64
+    requests (guidellm's, LangChain's .batch(), lm-eval's --batch_size) queued and
+    answered, none refused."""
     args = serve_cli.build_parser().parse_args([])
     assert (
         args.max_concurrent_per_client,
         args.max_tokens_limit,
         args.default_max_tokens,
-    ) == (4, 1024, 256)
+        args.scheduling_policy,
+    ) == (0, 1024, 256, "fair")
     assert (
         serve_cli.build_parser()
-        .parse_args(["--max-concurrent-per-client", "0"])
+        .parse_args(["--max-concurrent-per-client", "4"])
         .max_concurrent_per_client
-        == 0
+        == 4
     )
     for value, words in [
         ("-1", "below the smallest allowed value, 0"),
@@ -317,23 +342,44 @@ def test_the_command_line_bounds_tokens_and_shares_by_default(tiny_llm):
             assert process.poll() is None and len(lines) < 50, "".join(lines)
             lines.append(process.stdout.readline())
         url = re.search(r"(http://127\.0\.0\.1:\d+)/v1", "".join(lines))[1]
-        four = httpx.post(f"{url}/v1/completions", json=SHORT | {"n": 4}, timeout=30)
-        five = httpx.post(f"{url}/v1/completions", json=SHORT | {"n": 5}, timeout=30)
-        too_long = httpx.post(
-            f"{url}/v1/completions", json=SHORT | {"max_tokens": 1025}, timeout=30
-        )
+        with httpx.Client(base_url=url, timeout=60) as client:
+            eight = client.post("/v1/completions", json=SHORT | {"n": 8})
+            batch = client.post(
+                "/v1/completions", json=SHORT | {"prompt": ["one two"] * 16}
+            )
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                at_once = list(
+                    pool.map(
+                        lambda _: client.post("/v1/completions", json=SHORT),
+                        range(64),
+                    )
+                )
+            too_long = client.post("/v1/completions", json=SHORT | {"max_tokens": 1025})
     finally:
         process.kill()
         process.wait()
-    assert four.status_code == 200 and len(four.json()["choices"]) == 4, four.text
-    assert (
-        five.status_code == 400
-        and "--max-concurrent-per-client 4" in five.json()["error"]["message"]
-    ), five.text
+    assert eight.status_code == 200 and len(eight.json()["choices"]) == 8, eight.text
+    assert batch.status_code == 200 and len(batch.json()["choices"]) == 16, batch.text
+    assert [a.status_code for a in at_once] == [200] * 64, [
+        a.text for a in at_once if a.status_code != 200
+    ][:1]
     assert (
         too_long.status_code == 400
         and "limit of 1024 tokens" in too_long.json()["error"]["message"]
+        and "--max-tokens-limit" in too_long.json()["error"]["message"]
     ), too_long.text
+
+
+def test_a_bound_that_is_set_names_its_option_in_every_refusal(tiny_llm):
+    with (
+        room(tiny_llm, max_concurrent_per_client=4) as (server, url),
+        http(url, "alice") as alice,
+    ):
+        five = alice.post("/v1/completions", json=SHORT | {"n": 5})
+        assert (
+            five.status_code == 400
+            and "--max-concurrent-per-client 4" in five.json()["error"]["message"]
+        ), five.text
 
 
 def workshop_script() -> str:

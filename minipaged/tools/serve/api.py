@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import secrets
 import time
 from collections import Counter
@@ -720,8 +721,8 @@ class Server:
         if getattr(body, "n", 1) > self.max_num_seqs:
             raise APIError(
                 400,
-                f"n={body.n} is more than this server's"
-                f" max_num_seqs={self.max_num_seqs}",
+                f"n={body.n} is more than this server's --max-num-seqs"
+                f" {self.max_num_seqs} (the most sequences in one batch)",
                 "n",
             )
         self._log_ignored(body)
@@ -889,8 +890,10 @@ class Server:
         ):
             raise APIError(
                 503,
-                f"the server is full ({self.loop.num_unfinished} requests unfinished); "
-                "retry in a moment",
+                f"the server is full ({self.loop.num_unfinished} requests unfinished,"
+                f" at most {self.max_num_seqs} running (--max-num-seqs) and"
+                f" {self.config.max_waiting} waiting (--max-waiting)): retry in a"
+                " moment",
             )
         if body.priority and not self.uses_priority:
             raise APIError(
@@ -1032,22 +1035,31 @@ def tool_calls(body, choice: dict) -> dict:
 
 
 class ClientSlots:
-    """A fair share of the batch: each client (an address and key, Server._client) may
-    have at most `limit` sequences unfinished (each prompt's n samples), as each takes a
-    row of every step. A request beyond it is a 429 at once, rather than a wait behind
-    one client's flood; the count is taken at the door and given back as the engine lets
-    go of each request.
+    """An opt-in share of the batch (--max-concurrent-per-client): each client (an
+    address and key, Server._client) may have at most `limit` sequences unfinished
+    (each prompt's n samples), as each takes a row of every step. A request beyond it is
+    a 429 at once, with a Retry-After estimated from that client's requests in flight
+    (how long requests have lately held their slots, less how long its oldest has
+    held its own); the count is taken at the door and given back as the engine lets go
+    of each request. Off (0) by default: requests queue, and the fair order keeps each
+    client's share.
     """
+
+    FIRST_GUESS = 5.0  # seconds a request holds its slots, before any has finished
+    MOST_WAIT = 60  # the openai client honours a Retry-After of at most 60 s
 
     def __init__(self, limit: int):
         self.limit = limit  # 0: no bound
         # client -> sequences unfinished; the event loop's only
         self.held: Counter[str] = Counter()
+        # client -> when each of its unfinished prompts took its slots
+        self.since: dict[str, list[float]] = {}
+        self.typical: float | None = None  # a moving mean of how long slots are held
 
     def take(self, client: str, prompts: int, n: int):
         """Count prompts × n sequences for client; return the callback that gives one
-        prompt's
-        n back (None with no bound), or raise the APIError that says why not."""
+        prompt's n back (None with no bound), or raise the APIError that says why
+        not."""
         if not self.limit:
             return None
         wanted = prompts * n
@@ -1055,24 +1067,42 @@ class ClientSlots:
             raise APIError(
                 400,
                 f"this request asks for {wanted} sequences ({prompts} prompts, n={n}),"
-                f" but each client may have at most {self.limit} unfinished at once"
-                f" (--max-concurrent-per-client {self.limit}): send fewer prompts or a"
-                " smaller n",
+                f" but this server was started with --max-concurrent-per-client"
+                f" {self.limit}: each client may have at most {self.limit} unfinished"
+                " at once. Send fewer prompts or a smaller n, or start the server"
+                " without the option (0, the default: requests queue)",
                 "n" if n > 1 else "prompt",
             )
         if self.held[client] + wanted > self.limit:
+            wait = self.retry_after(client)
             raise APIError(
                 429,
                 f"this client already has {self.held[client]} sequences unfinished, and"
-                f" each client may have at most {self.limit} at once"
-                f" (--max-concurrent-per-client {self.limit}), so that one laptop"
-                " cannot fill the room's batch: retry once one of them has finished",
-                headers={"Retry-After": "1"},
+                f" this server was started with --max-concurrent-per-client"
+                f" {self.limit} (each client at most {self.limit} at once): retry in"
+                f" about {wait} s, when one of them should have finished",
+                headers={"Retry-After": str(wait)},
             )
         self.held[client] += wanted
-        return lambda: self._give_back(client, n)
+        now = time.monotonic()
+        self.since.setdefault(client, []).extend([now] * prompts)
+        return lambda: self._give_back(client, n, now)
 
-    def _give_back(self, client: str, n: int) -> None:
+    def retry_after(self, client: str) -> int:
+        """Whole seconds until the client's oldest request should let go of its slots:
+        the typical hold less its age, at least 1 and at most 60."""
+        typical = self.typical if self.typical is not None else self.FIRST_GUESS
+        age = time.monotonic() - min(self.since.get(client) or [time.monotonic()])
+        return int(min(self.MOST_WAIT, max(1.0, math.ceil(typical - age))))
+
+    def _give_back(self, client: str, n: int, started: float) -> None:
+        held = time.monotonic() - started
+        self.typical = held if self.typical is None else 0.8 * self.typical + 0.2 * held
+        since = self.since.get(client, [])
+        if started in since:
+            since.remove(started)
+        if not since:
+            self.since.pop(client, None)
         self.held[client] -= n
         if self.held[client] <= 0:
             del self.held[client]

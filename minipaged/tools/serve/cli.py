@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import inspect
 import json
 import os
 import re
@@ -19,9 +18,7 @@ import time
 
 import uvicorn
 
-from minipaged import policies
 from minipaged.llm import CommandParser, number, policy
-from minipaged.policies.fair import Fair
 from minipaged.speculative import SpeculativeConfig
 from minipaged.tools.serve.api import Server, ServerConfig
 
@@ -61,32 +58,8 @@ def seam(option: str) -> dict:
     return {"type": policy(option), "metavar": policy(option).metavar}
 
 
-def is_fair(spec) -> bool:
-    """Does a --scheduling-policy name fair queuing: "fair", or a "module:Class" path
-    to Fair, to a subclass of it or to an instance of one?"""
-    found = policies.resolve("scheduling_policy", spec)
-    return isinstance(found, Fair) or (
-        inspect.isclass(found) and issubclass(found, Fair)
-    )
-
-
-class ServeParser(CommandParser):
-    """The server's parser: --max-concurrent-per-client's default follows
-    --scheduling-policy (4 sequences per client; none under fair, however it is named,
-    which keeps each client's share by order, not by 429s).
-    """
-
-    def parse_known_args(self, args=None, namespace=None):
-        parsed, rest = super().parse_known_args(args, namespace)
-        if getattr(parsed, "max_concurrent_per_client", 0) is None:
-            parsed.max_concurrent_per_client = (
-                0 if is_fair(parsed.scheduling_policy) else 4
-            )
-        return parsed, rest
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = ServeParser(
+    parser = CommandParser(
         prog="python -m minipaged.serve",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -197,14 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--scheduling-policy",
-        default="fcfs",
+        default="fair",
         **seam("scheduling_policy"),
         help=(
-            "the waiting queue's order: first come first served, shortest job first,"
-            " SJF with aging, each request's `priority` field, lower first (vLLM's"
-            " --scheduling-policy priority), or fair: the least served client first"
-            " (counted in tokens; a client is its address and key) (default"
-            " %(default)s)"
+            "the waiting queue's order: fair, the least served client first (counted"
+            " in tokens; a client is its address and key; one client alone is served"
+            " first come first served), fcfs, shortest job first, SJF with aging, or"
+            " each request's `priority` field, lower first (vLLM's"
+            " --scheduling-policy priority) (default %(default)s: a room's share is"
+            " kept by order, not by refusals; LLM(...) keeps fcfs)"
         ),
     )
     add(
@@ -269,15 +243,15 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--max-concurrent-per-client",
         type=number(int, 0),
-        default=None,
+        default=0,
         help=(
-            "sequences (each prompt's n samples) one client may have unfinished at"
-            " once; more is a 429 with Retry-After, so that one laptop cannot fill the"
-            " room's batch. A client is its address and the API key it sends. 4: a room"
-            " of 20 sharing the default batch of 64 rows gets about 3 each, and 4 lets"
-            " a participant send n=3, or a few streams, at once (0: no bound; default"
-            " 4, and 0 when --scheduling-policy is fair, by name or module:Class,"
-            " whose order keeps the share)"
+            "opt-in: sequences (each prompt's n samples) one client may have"
+            " unfinished at once; more is a 429 with a Retry-After estimated from the"
+            " client's requests in flight, so that one laptop cannot widen the room's"
+            " every step (on a CPU a wider step is a slower one). A client is its"
+            " address and the API key it sends. 4 gives a room of 20 about 3 each of"
+            " the default batch of 64 rows (default %(default)s: no bound, requests"
+            " queue as in vLLM, and the fair order keeps each client's share)"
         ),
     )
     add(
