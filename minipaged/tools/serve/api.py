@@ -9,6 +9,7 @@ traceback in the log.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -499,8 +500,30 @@ class Server:
                 " request",
                 "prompt",
             )
+        if body.scoring:
+            self._check_scoring(body)
         prompts = [self._prompt(p, "prompt", body) for p in prompts]
         return await self._generate(request, body, prompts, chat=False)
+
+    @staticmethod
+    def _check_scoring(body) -> None:
+        """max_tokens=0 (vLLM's "echo without generation"): only with echo, whose answer
+        is the prompt (and its logprobs), and with no min_tokens."""
+        _, field = body.asked_max_tokens
+        if not body.echo:
+            raise APIError(
+                400,
+                f"{field}=0 generates nothing, so without echo the answer would be"
+                " empty: send echo=true (with logprobs or prompt_logprobs) to score the"
+                f" prompt, or a {field} of 1 or more to generate",
+                field,
+            )
+        if body.min_tokens:
+            raise APIError(
+                400,
+                f"min_tokens must be at most {field}=0, got {body.min_tokens}",
+                "min_tokens",
+            )
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._chat_completions(
@@ -785,6 +808,10 @@ class Server:
         longest = max(len(p["prompt_token_ids"]) for p in prompts)
         max_tokens, field = body.asked_max_tokens
         limit = self.config.max_tokens_limit
+        # scoring (max_tokens=0 with echo): the engine samples one token, which nobody
+        # sees (Run.scoring drops it), as vLLM's echo without generation does
+        if max_tokens == 0:
+            max_tokens = 1
         # the default, no more than the context left and the pool holds for n
         if max_tokens is None:
             default = self.config.default_max_tokens if chat else COMPLETIONS_MAX_TOKENS
@@ -919,6 +946,7 @@ class Server:
             done,
             body.priority,
             client,
+            scoring=getattr(body, "scoring", False),
         )
         try:
             await run.start()  # raises APIError if the engine refused a prompt
@@ -1108,6 +1136,36 @@ class ClientSlots:
             del self.held[client]
 
 
+def unscored(update: Update) -> Update:
+    """A scoring request's update (max_tokens=0): its prompt's logprobs kept, the one
+    token the engine sampled dropped, each sequence ended by its length of 0."""
+
+    def empty(c):
+        return dataclasses.replace(
+            c,
+            text="",
+            token_ids=[],
+            logprobs=None if c.logprobs is None else [],
+            cumulative_logprob=None if c.cumulative_logprob is None else 0.0,
+            finish_reason="length",
+            stop_reason=None,
+        )
+
+    output = update.output
+    return dataclasses.replace(
+        update,
+        text={},
+        token_ids={},
+        logprobs={},
+        finished={i: empty(c) for i, c in update.finished.items()},
+        output=(
+            None
+            if output is None
+            else dataclasses.replace(output, outputs=[empty(c) for c in output.outputs])
+        ),
+    )
+
+
 class Run:
     """The engine requests of one HTTP request (one per prompt) and their shared update
     queue. Whatever ends it early (a disconnect, a cancelled handler) aborts what is
@@ -1124,6 +1182,7 @@ class Run:
         done=None,
         priority: int = 0,
         client: str = "",
+        scoring: bool = False,
     ):
         self.loop, self.request, self.params, self.done = (
             loop,
@@ -1143,6 +1202,8 @@ class Run:
         self.early: list[Update] = []
         self.watcher: asyncio.Task | None = None
         self.gone = False  # the client hung up
+        # max_tokens=0: the one token the engine samples is dropped from every update
+        self.scoring = scoring
 
     async def start(self) -> None:
         """Hand the prompts to the loop; return once each is accepted, or raise the
@@ -1175,12 +1236,12 @@ class Run:
     async def updates_until_done(self):
         try:
             for update in self.early:
-                yield update
+                yield unscored(update) if self.scoring else update
             while self.unfinished:
                 update = await self.updates.get()
                 if update.output is not None or update.error is not None:
                     self.unfinished.discard(update.request_id)
-                yield update
+                yield unscored(update) if self.scoring else update
         finally:
             self.close()
 

@@ -316,6 +316,17 @@ class SamplingFields(Strict):
 
 
 class CompletionRequest(SamplingFields):
+    max_tokens: Int(ge=0) | None = Field(
+        None,
+        description=(
+            "default 16, less if the context or the KV pool is smaller; 0 with echo"
+            " scores the prompt (its logprobs with logprobs or prompt_logprobs) and"
+            " generates nothing, as vLLM does"
+        ),
+    )
+    max_completion_tokens: Int(ge=0) | None = Field(
+        None, description="the same as max_tokens"
+    )
     prompt: (
         Text
         | Annotated[list[TokenId], Field(min_length=1)]
@@ -354,6 +365,11 @@ class CompletionRequest(SamplingFields):
             if self.prompt_logprobs is None and self.echo
             else self.prompt_logprobs
         )
+
+    @property
+    def scoring(self) -> bool:
+        """max_tokens=0: the prompt is scored (with echo), nothing is generated."""
+        return self.asked_max_tokens[0] == 0
 
     def prompts(self) -> list[str | list[int]]:
         """One prompt or a batch of them: a string, token ids, or a list of either."""
