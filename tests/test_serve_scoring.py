@@ -1,7 +1,7 @@
-"""Issue 40, scoring without generation: /v1/completions with max_tokens=0 and echo
-answers the prompt's log-probabilities and no new token, as vLLM's "echo without
-generation" does; max_tokens=0 without echo is a 400 that says why. Servers listen on
-127.0.0.1 on free ports.
+"""Issue 40, scoring without generation, and embeddings answered honestly:
+/v1/completions with max_tokens=0 and echo answers the prompt's log-probabilities and no
+new token, as vLLM's "echo without generation" does; max_tokens=0 without echo is a 400
+that says why. Servers listen on 127.0.0.1 on free ports.
 """
 
 import json
@@ -101,3 +101,14 @@ def test_max_tokens_0_without_echo_is_a_400_that_says_why(tiny_llm):
         assert chat.status_code == 400 and chat.json()["error"]["param"] == (
             "max_tokens"
         )
+
+
+def test_embeddings_are_a_404_that_says_generation_only_and_what_to_use(tiny_llm):
+    with serve(tiny_llm) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as refused:
+            client.embeddings.create(model="tiny", input="one two")
+    error = refused.value.body
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert "generation only" in error["message"], error
+    assert "--runner pooling" in error["message"], error

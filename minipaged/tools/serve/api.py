@@ -196,6 +196,8 @@ class Server:
         app.post("/v1/chat/completions")(self.chat_completions)
         # vLLM's (SageMaker's): either of the two above
         app.post("/invocations")(self.invocations)
+        # generation only: a route that says so, and what to use instead
+        app.post("/v1/embeddings", include_in_schema=False)(self.embeddings)
         app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
         app.post("/detokenize")(self.detokenize)
         app.get("/tokenizer_info")(self.tokenizer_info)
@@ -528,6 +530,19 @@ class Server:
     async def chat_completions(self, request: Request) -> Response:
         return await self._chat_completions(
             request, await self._body(request, protocol.ChatCompletionRequest)
+        )
+
+    async def embeddings(self, request: Request) -> Response:
+        """POST /v1/embeddings: a 404 that says why (minipaged serves generation only)
+        and what serves embeddings instead."""
+        raise APIError(
+            404,
+            "minipaged serves generation only (/v1/completions, /v1/chat/completions):"
+            " it has no /v1/embeddings. For embeddings, serve an"
+            " embedding model with vLLM's pooling runner (`vllm serve MODEL --runner"
+            " pooling`, which pools a decoder's hidden states, last-token or mean), or"
+            " any other OpenAI-compatible embeddings server",
+            "model",
         )
 
     async def invocations(self, request: Request) -> Response:
