@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from minipaged import policies
-from minipaged.tools.serve import logprobs, protocol, tools
+from minipaged.tools.serve import logprobs, protocol, responses, tools
 from minipaged.tools.serve.dashboard import Dashboard, page
 from minipaged.tools.serve.loop import EngineLoop, Update
 from minipaged.tools.serve.metrics import Metrics
@@ -91,6 +91,8 @@ class ServerConfig:
     # vLLM's --root-path: behind a proxy's prefix; /v1 and <root_path>/v1 both answer
     root_path: str = ""
     max_body_bytes: int = 1 << 20  # a larger body gets 413
+    # /v1/responses sent with store, kept in memory; the oldest are evicted first
+    max_stored_responses: int = 256
     # seconds between dashboard snapshots (about 10 a second)
     snapshot_interval: float = 0.1
 
@@ -153,6 +155,7 @@ class Server:
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
         self.slots = ClientSlots(config.max_concurrent_per_client)
         self.ids = itertools.count()
+        self.stored = responses.Store(config.max_stored_responses)
         self.created = int(time.time())
         self.app = self._routes(FastAPI(title="minipaged", lifespan=self._lifespan))
         # vLLM's --root-path: the router strips the prefix when a path has it
@@ -196,6 +199,14 @@ class Server:
         app.post("/v1/chat/completions")(self.chat_completions)
         # vLLM's (SageMaker's): either of the two above
         app.post("/invocations")(self.invocations)
+        # OpenAI's Responses API, as vLLM serves it (chat's path underneath)
+        app.post("/v1/responses", include_in_schema=False)(self.responses)
+        app.get("/v1/responses/{response_id}", include_in_schema=False)(
+            self.get_response
+        )
+        app.post("/v1/responses/{response_id}/cancel", include_in_schema=False)(
+            self.cancel_response
+        )
         # generation only: a route that says so, and what to use instead
         app.post("/v1/embeddings", include_in_schema=False)(self.embeddings)
         app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
@@ -446,7 +457,8 @@ class Server:
         if error.status_code == 404:
             message = (
                 f"{request.method} {request.url.path} is not a route of this server: it"
-                " answers /v1/models, /v1/completions, /v1/chat/completions, vLLM's"
+                " answers /v1/models, /v1/completions, /v1/chat/completions,"
+                " /v1/responses, vLLM's"
                 " /tokenize, /detokenize, /tokenizer_info, /version and /ping,"
                 " /health, /metrics and / (the dashboard)"
             )
@@ -532,12 +544,97 @@ class Server:
             request, await self._body(request, protocol.ChatCompletionRequest)
         )
 
+    async def responses(self, request: Request) -> Response:
+        """POST /v1/responses: read as a chat request (responses.py), run on chat's
+        path, answered as a Response object or as the Responses event sequence; kept
+        for GET and previous_response_id unless store is false."""
+        raw = await self._read(request)
+        if not isinstance(raw, dict):
+            raise APIError(400, "the body must be a JSON object")
+        responses.refuse_what_vllm_leaves_out(raw)
+        history: list[dict] = []
+        if raw.get("previous_response_id") is not None:
+            _, history = self.stored.get(
+                str(raw["previous_response_id"]), "previous_response_id"
+            )
+        stream = raw.get("stream", False)
+        chat = responses.chat_request(raw, history, stream is True)
+        chat["stream"] = stream  # a stream that is not a boolean: chat's 400
+        body = self._check(protocol.ChatCompletionRequest, chat)
+        conversation = history + responses.messages_of(raw.get("input"))
+        response_id, model = responses.new_id("resp"), self.config.model_name
+        keep = raw.get("store", True) is not False
+        answer = await self._chat_completions(request, body)
+        if stream is not True:
+            data = json.loads(answer.body)
+            choice = data["choices"][0]
+            out = responses.response(
+                raw,
+                response_id,
+                model,
+                data["created"],
+                responses.items_of(choice["message"]),
+                data["usage"],
+                choice["finish_reason"],
+            )
+            if keep:
+                self.stored.put(
+                    response_id,
+                    out,
+                    conversation + responses.as_messages(out["output"]),
+                )
+            return JSONResponse(out)
+        events = responses.EventStream(raw, response_id, model)
+
+        async def stream_events():
+            for event in events.start():
+                yield event
+            async for piece in answer.body_iterator:
+                for line in piece.split("\n"):
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        yield events.event("error", **chunk["error"])
+                        continue
+                    for event in events.chunk(chunk):
+                        yield event
+            for event in events.finish():
+                yield event
+            if keep:
+                self.stored.put(
+                    response_id,
+                    events.snapshot(),
+                    conversation + responses.as_messages(events.items),
+                )
+
+        return StreamingResponse(stream_events(), media_type="text/event-stream")
+
+    async def get_response(self, request: Request, response_id: str) -> dict:
+        """GET /v1/responses/{id}: a response kept with store."""
+        self._authorize(request)
+        return self.stored.get(response_id)[0]
+
+    async def cancel_response(self, request: Request, response_id: str) -> dict:
+        """POST /v1/responses/{id}/cancel: only a background response can be cancelled
+        (vLLM's answer), and minipaged runs none."""
+        self._authorize(request)
+        self.stored.get(response_id)
+        raise APIError(
+            400,
+            "Cannot cancel a synchronous response: only a response created with"
+            " background=true can be cancelled, and this server runs none (close the"
+            " connection to stop a response being generated)",
+            "response_id",
+        )
+
     async def embeddings(self, request: Request) -> Response:
         """POST /v1/embeddings: a 404 that says why (minipaged serves generation only)
         and what serves embeddings instead."""
         raise APIError(
             404,
-            "minipaged serves generation only (/v1/completions, /v1/chat/completions):"
+            "minipaged serves generation only (/v1/completions, /v1/chat/completions,"
+            " /v1/responses):"
             " it has no /v1/embeddings. For embeddings, serve an"
             " embedding model with vLLM's pooling runner (`vllm serve MODEL --runner"
             " pooling`, which pools a decoder's hidden states, last-token or mean), or"

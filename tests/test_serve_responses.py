@@ -1,0 +1,226 @@
+"""Issue 40, OpenAI's Responses API (POST /v1/responses) as vLLM serves it, through the
+official `openai` client: a plain answer, a stream of Responses events, text.format, a
+function-call round trip, previous_response_id and the bounded store, and the 400s for
+what vLLM leaves out. The tiny random model's answers are held to their shapes only.
+Servers listen on 127.0.0.1 on free ports.
+"""
+
+import json
+
+import httpx
+import openai
+import pytest
+from test_serve import serve
+from test_serve_scoring import tiny_llm  # noqa: F401  (the fixture)
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "the weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def url(tiny_llm):  # noqa: F811
+    with serve(tiny_llm, max_stored_responses=3) as url:
+        yield url
+
+
+@pytest.fixture
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2):
+    """The real model (its vocabulary writes JSON; the tiny one's cannot)."""
+    with serve(smollm2, name="smol", max_num_seqs=8) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+
+
+def test_a_response_from_a_string_and_from_message_items(client):
+    answer = client.responses.create(
+        model="tiny",
+        input="one two",
+        instructions="be brief",
+        max_output_tokens=5,
+        temperature=0.0,
+        top_p=0.9,
+        extra_body={"seed": 3, "top_k": 5},
+    )
+    assert answer.object == "response" and answer.id.startswith("resp_")
+    assert answer.status in ("completed", "incomplete")
+    assert answer.output[0].type == "message" and answer.output[0].role == "assistant"
+    assert answer.output_text == answer.output[0].content[0].text
+    assert 1 <= answer.usage.output_tokens <= 5 and answer.usage.input_tokens > 0
+    assert answer.usage.total_tokens == (
+        answer.usage.input_tokens + answer.usage.output_tokens
+    )
+    items = client.responses.create(
+        model="tiny",
+        input=[
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "two"}]},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "three"}],
+            },
+        ],
+        max_output_tokens=3,
+    )
+    assert items.output and 1 <= items.usage.output_tokens <= 3
+    # stored by default, and GET gives it back
+    assert client.responses.retrieve(answer.id).output_text == answer.output_text
+
+
+def test_a_stream_is_the_responses_event_sequence(client):
+    with client.responses.create(
+        model="tiny", input="one two", max_output_tokens=4, stream=True
+    ) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+    assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    done = [e for e in events if e.type == "response.output_text.done"]
+    final = events[-1].response
+    if deltas:
+        assert len(done) == 1 and done[0].text == "".join(deltas)
+        assert final.output_text == "".join(deltas)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.usage.output_tokens >= 1
+
+
+def test_text_format_holds_the_answer_to_a_schema(smol):
+    client = smol
+    schema = {
+        "type": "object",
+        "properties": {"n": {"enum": [1, 2, 3]}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    answer = client.responses.create(
+        model="smol",
+        input="a number",
+        max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "n", "schema": schema}},
+    )
+    assert answer.status == "completed", answer
+    assert set(json.loads(answer.output_text)) == {"n"}
+    assert answer.text.format.type == "json_schema"
+
+
+def test_a_function_call_round_trip(smol):
+    client = smol
+    first = client.responses.create(
+        model="smol",
+        input="weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+    )
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", first.output
+    assert set(json.loads(calls[0].arguments)) == {"city"}
+    second = client.responses.create(
+        model="smol",
+        input=[
+            {"role": "user", "content": "weather in Paris?"},
+            calls[0].model_dump(),
+            {
+                "type": "function_call_output",
+                "call_id": calls[0].call_id,
+                "output": "sunny",
+            },
+        ],
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=3,
+    )
+    assert second.output[0].type == "message"
+    required = client.responses.create(
+        model="smol",
+        input="weather?",
+        tools=[WEATHER],
+        tool_choice="required",
+        max_output_tokens=80,
+    )
+    assert required.status == "completed"
+    assert {item.type for item in required.output} == {"function_call"}
+    # streamed: the arguments arrive as function_call_arguments events
+    with client.responses.create(
+        model="smol",
+        input="weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60,
+        stream=True,
+    ) as stream:
+        events = list(stream)
+    pieces = [
+        e.delta for e in events if e.type == "response.function_call_arguments.delta"
+    ]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert pieces and len(done) == 1 and done[0].arguments == "".join(pieces)
+    assert events[-1].response.output[0].type == "function_call"
+
+
+def test_previous_response_id_continues_and_the_store_is_bounded(client, url):
+    first = client.responses.create(model="tiny", input="one", max_output_tokens=2)
+    second = client.responses.create(
+        model="tiny",
+        input="two",
+        previous_response_id=first.id,
+        max_output_tokens=2,
+    )
+    # the second's prompt holds the first's input and answer
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.previous_response_id == first.id
+    unstored = client.responses.create(
+        model="tiny", input="one", max_output_tokens=1, store=False
+    )
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    for _ in range(3):  # the store keeps 3: the first is evicted
+        client.responses.create(model="tiny", input="x", max_output_tokens=1)
+    with pytest.raises(openai.NotFoundError, match="evicted"):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.create(
+            model="tiny", input="two", previous_response_id=first.id
+        )
+    assert missing.value.body["param"] == "previous_response_id"
+    kept = client.responses.create(model="tiny", input="x", max_output_tokens=1)
+    cancel = httpx.post(f"{url}/v1/responses/{kept.id}/cancel", timeout=10)
+    assert cancel.status_code == 400 and "synchronous" in cancel.text
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"background": True}, "background"),
+        ({"tools": [{"type": "web_search_preview"}]}, "tools"),
+        ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools"),
+        ({"tools": [{"type": "computer_use_preview"}]}, "tools"),
+        ({"input": [{"type": "image", "url": "x"}]}, "input"),
+        ({"text": {"format": {"type": "yaml"}}}, "text"),
+        ({"max_output_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_what_vllm_leaves_out_is_a_400_naming_the_field(url, fields, param):
+    answer = httpx.post(
+        f"{url}/v1/responses",
+        json={"model": "tiny", "input": "one"} | fields,
+        timeout=10,
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["param"] == param, error
