@@ -502,7 +502,8 @@ async def participant(http, key: str, plan) -> list[dict]:
 async def flooder(http, stop: asyncio.Event, counts: dict, i: int) -> None:
     """One of the flooding client's streams: long chats without max_tokens (ignore_eos:
     each takes the server's whole default), one after another until `stop` (then
-    cancelled: a hang-up); a 429 waits its Retry-After (at most 1 s) and tries again."""
+    cancelled: a hang-up); a 429 (the opt-in per-client bound) waits its Retry-After
+    and tries again."""
     while not stop.is_set():
         body = {
             "stream": True,

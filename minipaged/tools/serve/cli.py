@@ -234,10 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "the most max_tokens a request may ask for: more is a 400 that says the"
             " limit. 1024 is four default answers, about 40 s of one stream on a laptop"
-            " CPU; a client at its --max-concurrent-per-client share then holds at most"
-            " about a third of SmolLM2's default CPU pool (728 frames of 16 tokens);"
-            " --max-model-len's value leaves the context as the only limit (default"
-            " %(default)s)"
+            " CPU; four such requests hold about a third of SmolLM2's default CPU pool"
+            " (728 frames of 16 tokens); --max-model-len's value leaves the context as"
+            " the only limit (default %(default)s)"
         ),
     )
     add(
