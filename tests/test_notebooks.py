@@ -287,7 +287,9 @@ LABS_OF = {
     "09_replacement": [6],
     "10_thrashing": [8],
     "11_scheduling": [7],
+    "12_drum": [12],
     "14_fair_queuing": [10],
+    "15_compressed_memory": [11],
 }
 
 

@@ -59,10 +59,11 @@ def wait_for(condition, seconds: float = 60) -> None:
         time.sleep(0.01)
 
 
-def pace_while_compiling(llm) -> tuple[list[float], list[float], list]:
+def pace_while_compiling(llm) -> tuple[list[float], list[float], list, tuple]:
     """On a fresh server, another client's inter-token gaps (seconds) while 10,000
-    choices, then (a{300}){300}, compile, /health's times meanwhile, and the costly
-    requests' windows. The first also builds the vocabulary's trie."""
+    choices, then (a{300}){300}, compile, /health's times meanwhile, the costly
+    requests' windows, and (largest gap, slowest /health) before they came: the
+    machine's own pace. The first also builds the vocabulary's trie."""
     server, thread = serving(llm)
     with thread as url:
         assert complete(url).status_code == 200  # warm
@@ -73,6 +74,14 @@ def pace_while_compiling(llm) -> tuple[list[float], list[float], list]:
         )
         reader.start()
         wait_for(lambda: len(arrivals) >= 3)
+        quiet_health = []
+        for _ in range(10):  # the pace before anything costly is asked
+            start = time.perf_counter()
+            assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+            quiet_health.append(time.perf_counter() - start)
+            time.sleep(0.1)
+        wait_for(lambda: len(arrivals) >= 15)
+        quiet_arrivals = list(arrivals)
         windows, health = [], []
         for fields in (
             {"guided_choice": TEN_THOUSAND},
@@ -106,27 +115,34 @@ def pace_while_compiling(llm) -> tuple[list[float], list[float], list]:
         if any(start < later and earlier < end for start, end in windows)
     ]
     assert len(gaps) >= 10, gaps
-    return gaps, health, windows
+    quiet_gap = max(b - a for a, b in zip(quiet_arrivals[1:], quiet_arrivals[2:]))
+    return gaps, health, windows, (quiet_gap, max(quiet_health))
 
 
 def test_another_clients_stream_keeps_its_pace_while_costly_patterns_compile(smollm2):
     """Issue 41: 10,000 choices stalled another stream 23.3 s and /health 3.1 s;
     (a{300}){300} 2.9 s. Now the largest gap is a step or a few (0.2 to 0.3 s on 2
-    busy cores). A machine shared with other work can stretch one gap by itself, so a
-    second fresh server is measured before failing: a stall of the server's own
-    making shows in both."""
+    quiet cores): under 0.5 s, or, on a machine busy with other work (the test suite's
+    other processes), within 3x the machine's own pace measured just before on the same
+    server. A second fresh server is measured before failing: a stall of the server's
+    own making shows in both."""
     tries = []
     for _ in range(2):
-        gaps, health, windows = pace_while_compiling(smollm2)
-        tries.append((max(gaps), max(health)))
+        gaps, health, windows, (quiet_gap, quiet_health) = pace_while_compiling(smollm2)
+        tries.append((max(gaps), max(health), quiet_gap, quiet_health))
         print(
             f"compiling: {[round(end - start, 2) for start, end in windows]} s;"
-            f" another stream's largest gap {max(gaps):.3f} s over {len(gaps)} tokens,"
-            f" /health at most {max(health):.3f} s"
+            f" another stream's largest gap {max(gaps):.3f} s over {len(gaps)} tokens"
+            f" ({quiet_gap:.3f} s before), /health at most {max(health):.3f} s"
+            f" ({quiet_health:.3f} s before)"
         )
-        if max(gaps) < 0.5 and max(health) < 1.0:
+        gap_bound = max(0.5, 3 * quiet_gap)
+        health_bound = max(1.0, 3 * quiet_health)
+        if max(gaps) < gap_bound and max(health) < health_bound:
             return
-    raise AssertionError(f"(largest gap, slowest /health) of each try: {tries}")
+    raise AssertionError(
+        f"(largest gap, slowest /health, both before) of each try: {tries}"
+    )
 
 
 def test_a_request_refused_with_429_compiles_nothing_and_a_400_gives_slots_back(
