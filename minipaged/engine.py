@@ -410,7 +410,7 @@ class LLMEngine:
         request is cut short, with the backend's error (_raise_policy_errors)."""
         for seq, new in new_tokens.items():
             failure = getattr(seq.constraint, "failure", None)
-            if failure is None or getattr(failure, "reported", False):
+            if failure is None or failure.reported:
                 continue
             failure.reported = True
             failure.request_ids.append(new.request.request_id)

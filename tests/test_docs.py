@@ -108,9 +108,8 @@ def test_quoted_numbers_are_the_figures_numbers(regenerated):
         bytes_per_frame(30, 3, 64, block_size=1, dtype=t)
         for t in ("float16", "float32")
     )
-    assert (
-        f"{fp16:,} bytes a token in float16" in kv and f"{fp32:,} in float32" in kv
-    )  # SmolLM2-135M
+    # SmolLM2-135M
+    assert f"{fp16:,} bytes a token in float16" in kv and f"{fp32:,} in float32" in kv
 
     pages = (DOCS / "02_page_tables.md").read_text()
     sizes = pictures["block_size_waste.svg"].x
@@ -184,8 +183,7 @@ def test_sharing_note_quotes_the_figures(regenerated):
 
 def test_batching_note_quotes_the_timelines(regenerated):
     """The timelines show what they are for: requests joining as others leave, padding
-    in static
-    batches, preempted requests coming back; the note quotes their numbers."""
+    in static batches, preempted requests coming back; the note quotes their numbers."""
     _, pictures = regenerated
     note = prose("05_batching.md")
     continuous, static, preemption = (
@@ -294,8 +292,7 @@ def test_figures_are_drawn_for_a_projector():
 
 def test_paper_note_quotes_the_figures_and_the_measurement(regenerated):
     """Note 7: the token-state shares are the fragmentation figure's, the measured
-    latencies the
-    committed bench latency JSON's (the one its figure draws)."""
+    latencies the committed bench latency JSON's (the one its figure draws)."""
     import json
 
     _, pictures = regenerated

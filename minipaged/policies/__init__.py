@@ -40,20 +40,16 @@ from minipaged.policies.working_set import WorkingSet
 # tier's is kv_offload_frames, speculation's is speculative_config
 # (minipaged.speculative).
 SEAMS = {
-    "scheduling_policy": {
-        p.name: p for p in (FCFS, SJF, Aging, Priority, Fair)
-    },  # the waiting order
+    # the waiting order
+    "scheduling_policy": {p.name: p for p in (FCFS, SJF, Aging, Priority, Fair)},
     "admission": {p.name: p for p in (Greedy, WorkingSet)},
-    "preemption_victim": {
-        p.name: p for p in (Newest, LeastUrgent)
-    },  # (most-served: fair's own)
+    # (most-served: fair's own)
+    "preemption_victim": {p.name: p for p in (Newest, LeastUrgent)},
     "prefix_cache_policy": REPLACEMENT_POLICIES,
-    "scheduler": {
-        b.name: b for b in (CONTINUOUS, STATIC)
-    },  # batching: built-in, no plug-in
-    "structured_outputs_backend": {
-        "automata": "minipaged.structured:Automata"
-    },  # imported when an engine is built
+    # batching: built-in, no plug-in
+    "scheduler": {b.name: b for b in (CONTINUOUS, STATIC)},
+    # imported when an engine is built
+    "structured_outputs_backend": {"automata": "minipaged.structured:Automata"},
 }
 WAITING_ORDERS = tuple(SEAMS["scheduling_policy"])
 ADMISSIONS = tuple(SEAMS["admission"])
@@ -137,12 +133,11 @@ def scheduler_policies(config) -> tuple:
     options, each a name, a path or an object; the settings are checked whichever policy
     reads them. The victim, when not given, is the one the waiting order brings
     (priority's least urgent), else the newest."""
-    aging_rate, admission_window = config.aging_rate, config.admission_window
-    # a bad setting is refused by name, always
-    (
-        Aging(aging_rate),
-        WorkingSet(admission_window),
-    )
+    aging_rate = config.aging_rate
+    admission_window = config.admission_window
+    # a bad setting is refused by name, whichever policy reads it
+    Aging(aging_rate)
+    WorkingSet(admission_window)
     order = make("scheduling_policy", config.scheduling_policy, aging_rate=aging_rate)
     admit = make("admission", config.admission, admission_window=admission_window)
     if config.preemption_victim is not None:
@@ -150,14 +145,6 @@ def scheduler_policies(config) -> tuple:
     else:
         victim = order.victim() if hasattr(order, "victim") else Newest()
     return order, admit, victim
-
-
-def listener(order):
-    """The waiting order's `served(request, num_tokens, kind)`, told the tokens of each
-    row the scheduler ran (an order that counts service, as fair queuing does); else one
-    that ignores them.
-    """
-    return getattr(order, "served", None) or (lambda request, num_tokens, kind: None)
 
 
 def check_options(
@@ -262,7 +249,6 @@ __all__ = [
     "check_protocol",
     "describe",
     "scheduler_policies",
-    "listener",
     "check_options",
     "check_request",
     "Batching",

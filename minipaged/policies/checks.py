@@ -33,6 +33,7 @@ class PolicyError(RuntimeError):
         self.what = what
         self.request_ids = list(request_ids)
         self.report = None
+        self.reported = False  # a constraint's failure: already raised by a step
         super().__init__(f"{option} {self.policy}: {what}")
 
 
@@ -206,8 +207,3 @@ class CheckedConstraint:
                     "structured_outputs_backend", self.backend, str(error)
                 )
         return forked
-
-    def __getattr__(self, name):
-        if name == "inner":  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
