@@ -167,18 +167,31 @@ def test_unknown_routes_and_wrong_methods_answer_in_openai_shape(tiny_llm):
             client(url).embeddings.create(model="tiny", input="hello")
 
 
-def test_dashboard_text_needs_the_api_key(tiny_llm):
+@pytest.fixture(scope="module")
+def long_context_llm(tmp_path_factory):
+    """The tiny model with 4,096 positions: a request of 4,000 tokens outlives the
+    dashboard checks even on a busy machine (one of 200 once ended before the first
+    snapshot)."""
+    folder = write_checkpoint(
+        tmp_path_factory.mktemp("doors") / "long", max_positions=4096
+    )
+    return LLM(str(folder), device="cpu", num_blocks=1100, block_size=4)
+
+
+def test_dashboard_text_needs_the_api_key(long_context_llm):
     """--api-key with --dashboard-show-text: the page stays open, its prompts and
     answers do not."""
     # a prompt of words outside the tiny vocabulary: <unk>s
     secret = "alpha beta gamma delta"
     prompt = "paged frame block table " + secret
     key = "room42"
+    options = {"api_key": key, "dashboard_show_text": True, "max_num_seqs": 1}
     with (
-        serve(tiny_llm, api_key=key, dashboard_show_text=True, max_num_seqs=1) as url,
+        serve(long_context_llm, num_blocks=1100, block_size=4, **options) as url,
         httpx.Client(base_url=url, timeout=30) as http,
     ):
-        body = {"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True}
+        body = {"prompt": prompt, "max_tokens": 4000, "ignore_eos": True}
+        body["stream"] = True
         with http.stream(
             "POST",
             "/v1/completions",
