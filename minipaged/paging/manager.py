@@ -425,6 +425,30 @@ class BlockManager:
         tokens (the last token is always computed: the model needs its logits)."""
         return self._cached_blocks(token_ids[:-1], self.tier)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no sequence maps (vLLM's POST /reset_prefix_cache,
+        SGLang's /flush_cache) and return how many: their frames go back to the free
+        list. Blocks that sequences map stay cached, where vLLM refuses a reset while
+        blocks are in use and SGLang flushes only when idle; the tier keeps its blocks.
+        """
+        cache = self.device.prefix_cache
+        if cache is None:
+            return 0
+        frames = cache.drop_parked()
+        self.device.free_frames.extend(frames)
+        return len(frames)
+
+    def add_cache_listener(self, listener) -> None:
+        """Tell `listener` each prefix-cache event of the device pool: stored(block,
+        parent, token_ids), removed(block), cleared() (see PrefixCache.listeners)."""
+        cache = self.device.prefix_cache
+        if cache is None:
+            raise ValueError(
+                "KV cache events come from the prefix cache: turn on"
+                " enable_prefix_caching (and use the paged block manager)"
+            )
+        cache.listeners.append(listener)
+
     # ---- the tier behind the pool (the drum) -----------------------------------------
     def add_tier(self, num_frames: int) -> None:
         """Put a tier of `num_frames` frames behind the prefix cache: a block the pool

@@ -4,11 +4,13 @@ content.
 When the block manager places a new prompt, it maps the frames of the prompt's longest
 cached prefix instead of computing them again. When the pool runs dry, a replacement
 policy (paging/replacement.py) picks which parked frame to give up, as an OS picks a
-page to evict.
+page to evict. Listeners hear each block named, dropped and the cache emptied.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from types import MappingProxyType
 
@@ -20,8 +22,19 @@ from minipaged.paging.replacement import make_policy
 def block_hash(prev_hash: int | None, token_ids) -> int:
     """The name of a full block: its tokens chained to everything before it. The hash
     runs over (previous block's hash, this block's token ids), so equal hashes mean
-    equal prefixes up to that block, and equal prefixes mean equal K and V."""
-    return hash((prev_hash, tuple(token_ids)))
+    equal prefixes up to that block, and equal prefixes mean equal K and V.
+
+    Python's hash() of the pair would do in one process; sha256 gives every process
+    the same name, so a router can compute it from token ids: sha256 of the previous
+    name (8 bytes, big-endian; nothing for a first block) then each token id (4 bytes,
+    little-endian), and the name is the digest's last 8 bytes read big-endian (vLLM's
+    int form of a block hash).
+    """
+    tokens = tuple(token_ids)
+    data = struct.pack(f"<{len(tokens)}I", *tokens)
+    if prev_hash is not None:
+        data = prev_hash.to_bytes(8, "big") + data
+    return int.from_bytes(hashlib.sha256(data).digest()[-8:], "big")
 
 
 class PrefixCache:
@@ -40,6 +53,10 @@ class PrefixCache:
         self.errors: list[tuple[object, str]] = []
         # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
         self.tier = None
+        # told stored(block, parent, token_ids) when a block is named, removed(block)
+        # when it is dropped, cleared() when nothing stays cached: vLLM's KV events
+        # (tools/serve/kv_events.py publishes them to a router)
+        self.listeners: list = []
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
         """The frame holding this block, or None. The token ids are compared too, so a
@@ -59,6 +76,7 @@ class PrefixCache:
             self.frame_of[h] = frame
             self.key_of[frame] = (prev_hash, tuple(token_ids))
             self._tell("entered", frame, h)
+            self._announce("stored", h, prev_hash, tuple(token_ids))
         return h
 
     def holds(self, frame: int) -> bool:
@@ -82,9 +100,11 @@ class PrefixCache:
         computed)."""
         key = self.key_of.pop(frame, None)
         if key is not None:
-            del self.frame_of[block_hash(*key)]
+            h = block_hash(*key)
+            del self.frame_of[h]
             self.evictable.pop(frame, None)
             self._tell("left", frame)
+            self._announce("removed", h)
 
     def evict(self) -> int:
         """Forget the parked frame the policy chooses (LRU: the least recently used) and
@@ -94,11 +114,32 @@ class PrefixCache:
         frame = self._victim()
         del self.evictable[frame]
         key = self.key_of.pop(frame)
-        del self.frame_of[block_hash(*key)]
+        h = block_hash(*key)
+        del self.frame_of[h]
         self._tell("left", frame)
+        self._announce("removed", h)  # from the pool, even when the tier keeps it
         if self.tier is not None:
             self.tier.store(frame, key)
         return frame
+
+    def drop_parked(self) -> list[int]:
+        """Forget the block of every parked frame (a reset) and return those frames,
+        free now. Blocks that sequences map stay cached: listeners hear removed() for
+        each block dropped, or cleared() when no block stays cached."""
+        frames = list(self.evictable)
+        dropped = []
+        for frame in frames:
+            h = block_hash(*self.key_of.pop(frame))
+            del self.frame_of[h]
+            self._tell("left", frame)
+            dropped.append(h)
+        self.evictable.clear()
+        if not self.frame_of:
+            self._announce("cleared")
+            return frames
+        for h in dropped:
+            self._announce("removed", h)
+        return frames
 
     # ---- the replacement policy is a participant's code: its answers are checked ----
     def _victim(self) -> int:
@@ -120,6 +161,11 @@ class PrefixCache:
             self.errors.append((self.policy, what))
             return next(iter(self.evictable))
         return int(frame)
+
+    def _announce(self, event: str, *args) -> None:
+        """Tell each listener what happened to a block (stored, removed, cleared)."""
+        for listener in self.listeners:
+            getattr(listener, event)(*args)
 
     def _tell(self, method: str, *args) -> None:
         """Tell the policy what happened to a frame (what it raises is kept)."""
