@@ -20,6 +20,7 @@ import uvicorn
 
 from minipaged.llm import CommandParser, number, policy
 from minipaged.speculative import SpeculativeConfig
+from minipaged.tools.serve import kv_events
 from minipaged.tools.serve.api import Server, ServerConfig
 
 EPILOG = """\
@@ -289,6 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add(
+        "--kv-events-config",
+        type=kv_events.parse_config,
+        default=None,
+        metavar="JSON",
+        help=(
+            "publish the prefix cache's block events to a router, as vLLM's option:"
+            ' e.g. \'{"enable_kv_cache_events": true, "endpoint":'
+            ' "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5567"}\''
+            " (GET /kv_event_sources says where; needs pip install"
+            " 'minipaged[kv-events]')"
+        ),
+    )
+    add(
         "--log-level",
         default="warning",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -452,6 +466,11 @@ def main(argv=None) -> int:
         ),
     )
     port = sock.getsockname()[1]
+    try:  # the prefix cache's events, for a router (None: not asked for)
+        events = kv_events.start(args.kv_events_config, llm.engine.blocks)
+    except (ValueError, OSError) as error:
+        parser.error(str(error))
+    kv_events.add_route(server.app, events)
     blocks = llm.engine.blocks
     print(
         f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "
@@ -478,6 +497,8 @@ def main(argv=None) -> int:
             " network may send requests",
             file=sys.stderr,
         )
+    if events is not None:
+        print(f"  KV cache events (vLLM's, for a router): {events.endpoint}")
     print("Ctrl-C stops it.", flush=True)
     config = uvicorn.Config(
         server.app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=2
@@ -488,5 +509,7 @@ def main(argv=None) -> int:
         KeyboardInterrupt
     ):  # uvicorn stops cleanly, then raises the Ctrl-C it caught again
         pass
+    if events is not None:
+        events.close()
     print("stopped.")
     return 0
