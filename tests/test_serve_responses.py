@@ -1,7 +1,8 @@
 """Issue 40, OpenAI's Responses API (POST /v1/responses) as vLLM serves it, through the
 official `openai` client: a plain answer, a stream of Responses events, text.format, a
-function-call round trip, previous_response_id and the bounded store, and the 400s for
-what vLLM leaves out. The tiny random model's answers are held to their shapes only.
+function-call round trip, previous_response_id and the bounded store, DELETE and
+input_items as OpenAI answers them, logprobs, the routes in /openapi.json, and the 400s
+for what vLLM leaves out. The tiny random model's answers are held to their shapes only.
 Servers listen on 127.0.0.1 on free ports.
 """
 
@@ -211,7 +212,11 @@ def test_previous_response_id_continues_and_the_store_is_bounded(client, url):
         ({"tools": [{"type": "computer_use_preview"}]}, "tools"),
         ({"input": [{"type": "image", "url": "x"}]}, "input"),
         ({"text": {"format": {"type": "yaml"}}}, "text"),
-        ({"max_output_tokens": 0}, "max_tokens"),
+        # the field as the client named it
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"store": "yes"}, "store"),
+        ({"input": 5}, "input"),
+        ({"background": True, "store": False}, "background"),
     ],
 )
 def test_what_vllm_leaves_out_is_a_400_naming_the_field(url, fields, param):
@@ -224,3 +229,71 @@ def test_what_vllm_leaves_out_is_a_400_naming_the_field(url, fields, param):
     error = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     assert error["param"] == param, error
+
+
+def test_delete_forgets_a_kept_response_and_input_items_pages_its_input(client, url):
+    items = [
+        {"role": "system", "content": "brief"},
+        {"role": "user", "content": [{"type": "input_text", "text": "one"}]},
+        {"type": "message", "role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"},
+    ]
+    kept = client.responses.create(model="tiny", input=items, max_output_tokens=2)
+    page = client.responses.input_items.list(kept.id, order="asc", limit=3)
+    assert [item.role for item in page.data] == ["system", "user", "assistant"]
+    assert [item.content[0].text for item in page.data] == ["brief", "one", "two"]
+    assert page.data[2].content[0].type == "output_text"
+    assert page.has_more and page.first_id == page.data[0].id
+    rest = client.responses.input_items.list(kept.id, order="asc", after=page.last_id)
+    assert [item.content[0].text for item in rest.data] == ["three"]
+    assert not rest.has_more
+    # OpenAI's default order: the newest first; the client pages through them all
+    newest = [
+        item.content[0].text
+        for item in client.responses.input_items.list(kept.id, limit=1)
+    ]
+    assert newest == ["three", "two", "one", "brief"]
+    bad = httpx.get(f"{url}/v1/responses/{kept.id}/input_items?limit=0", timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+    gone = httpx.delete(f"{url}/v1/responses/{kept.id}", timeout=10)
+    assert gone.json() == {"id": kept.id, "object": "response.deleted", "deleted": True}
+    for missing in (
+        lambda: client.responses.retrieve(kept.id),
+        lambda: client.responses.delete(kept.id),
+        lambda: client.responses.input_items.list(kept.id),
+    ):
+        with pytest.raises(openai.NotFoundError, match="not found"):
+            missing()
+
+
+def test_logprobs_of_the_output_text_when_asked(client):
+    answer = client.responses.create(
+        model="tiny",
+        input="one",
+        max_output_tokens=3,
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    part = answer.output[0].content[0]
+    assert len(part.logprobs) == answer.usage.output_tokens
+    assert all(len(entry.top_logprobs) == 2 for entry in part.logprobs)
+    assert all(entry.logprob <= 0 and entry.token for entry in part.logprobs)
+    plain = client.responses.create(model="tiny", input="one", max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs == []
+    stream = client.responses.create(
+        model="tiny", input="one", max_output_tokens=3, top_logprobs=1, stream=True
+    )
+    deltas = [e for e in stream if e.type == "response.output_text.delta"]
+    assert sum(len(e.logprobs) for e in deltas) >= len(deltas) > 0
+
+
+def test_the_responses_routes_are_in_the_openapi_schema(url):
+    schema = httpx.get(f"{url}/openapi.json", timeout=10).json()
+    paths = schema["paths"]
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
+    assert "get" in paths["/v1/responses/{response_id}/input_items"]
+    assert "post" in paths["/v1/responses/{response_id}/cancel"]
+    body = paths["/v1/responses"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"]["$ref"].endswith("/ResponsesRequest")
+    fields = schema["components"]["schemas"]["ResponsesRequest"]["properties"]
+    assert {"input", "instructions", "store", "previous_response_id"} <= set(fields)

@@ -207,6 +207,12 @@ class Server:
         app.post("/v1/responses/{response_id}/cancel", include_in_schema=False)(
             self.cancel_response
         )
+        app.delete("/v1/responses/{response_id}", include_in_schema=False)(
+            self.delete_response
+        )
+        app.get("/v1/responses/{response_id}/input_items", include_in_schema=False)(
+            self.input_items
+        )
         # generation only: a route that says so, and what to use instead
         app.post("/v1/embeddings", include_in_schema=False)(self.embeddings)
         app.post("/tokenize")(self.tokenize)  # vLLM's routes beside OpenAI's
@@ -253,6 +259,7 @@ class Server:
             protocol.DetokenizeResponse,
             protocol.TokenizerInfoResponse,
             protocol.VersionResponse,
+            responses.ResponsesRequest,
         ]
         _, defs = models_json_schema(
             [(m, "validation") for m in models],
@@ -397,6 +404,8 @@ class Server:
                     "content": {"application/json": ref(response)},
                 }
             }
+        # the Responses routes (registered out of the generated schema, written here)
+        paths |= responses.openapi_paths(ref, errors, refusals)
         paths["/metrics"]["get"]["responses"] = {
             "200": {
                 "description": "Prometheus metrics",
@@ -412,6 +421,7 @@ class Server:
                 "/v1/completions",
                 "/v1/chat/completions",
                 "/invocations",
+                *(path for path in paths if path.startswith("/v1/responses")),
             ):
                 for operation in paths[path].values():
                     operation["security"] = [{"key": []}]
@@ -549,19 +559,19 @@ class Server:
         path, answered as a Response object or as the Responses event sequence; kept
         for GET and previous_response_id unless store is false."""
         raw = await self._read(request)
-        if not isinstance(raw, dict):
-            raise APIError(400, "the body must be a JSON object")
+        self._check(responses.ResponsesRequest, raw)
         responses.refuse_what_vllm_leaves_out(raw)
         history: list[dict] = []
         if raw.get("previous_response_id") is not None:
-            _, history = self.stored.get(
-                str(raw["previous_response_id"]), "previous_response_id"
-            )
+            history = self.stored.get(
+                raw["previous_response_id"], "previous_response_id"
+            ).messages
         stream = raw.get("stream", False)
         chat = responses.chat_request(raw, history, stream is True)
         chat["stream"] = stream  # a stream that is not a boolean: chat's 400
         body = self._check(protocol.ChatCompletionRequest, chat)
         conversation = history + responses.messages_of(raw.get("input"))
+        input_items = responses.input_items_of(raw["input"])
         response_id, model = responses.new_id("resp"), self.config.model_name
         keep = raw.get("store", True) is not False
         answer = await self._chat_completions(request, body)
@@ -573,16 +583,13 @@ class Server:
                 response_id,
                 model,
                 data["created"],
-                responses.items_of(choice["message"]),
+                responses.items_of(choice),
                 data["usage"],
                 choice["finish_reason"],
             )
             if keep:
-                self.stored.put(
-                    response_id,
-                    out,
-                    conversation + responses.as_messages(out["output"]),
-                )
+                messages = conversation + responses.as_messages(out["output"])
+                self.stored.put(response_id, responses.Kept(out, messages, input_items))
             return JSONResponse(out)
         events = responses.EventStream(raw, response_id, model)
 
@@ -602,10 +609,10 @@ class Server:
             for event in events.finish():
                 yield event
             if keep:
+                messages = conversation + responses.as_messages(events.items)
                 self.stored.put(
                     response_id,
-                    events.snapshot(),
-                    conversation + responses.as_messages(events.items),
+                    responses.Kept(events.snapshot(), messages, input_items),
                 )
 
         return StreamingResponse(stream_events(), media_type="text/event-stream")
@@ -613,7 +620,19 @@ class Server:
     async def get_response(self, request: Request, response_id: str) -> dict:
         """GET /v1/responses/{id}: a response kept with store."""
         self._authorize(request)
-        return self.stored.get(response_id)[0]
+        return self.stored.get(response_id).response
+
+    async def delete_response(self, request: Request, response_id: str) -> dict:
+        """DELETE /v1/responses/{id} (OpenAI's): forget a kept response."""
+        self._authorize(request)
+        return self.stored.delete(response_id)
+
+    async def input_items(self, request: Request, response_id: str) -> dict:
+        """GET /v1/responses/{id}/input_items (OpenAI's): its request's input items,
+        a page at a time."""
+        self._authorize(request)
+        kept = self.stored.get(response_id)
+        return responses.listing(kept.input_items, request.query_params)
 
     async def cancel_response(self, request: Request, response_id: str) -> dict:
         """POST /v1/responses/{id}/cancel: only a background response can be cancelled

@@ -3,7 +3,8 @@
 A Responses request is read into a chat request (instructions, input items, function
 call outputs, text.format, function tools); the chat's answer or stream is written back
 as a Response or as the Responses events. Responses sent with `store` are kept in
-memory, the oldest evicted first, for GET /v1/responses/{id} and previous_response_id.
+memory, the oldest evicted first, for GET and DELETE /v1/responses/{id}, its
+input_items and previous_response_id.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import json
 import secrets
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
 
-from minipaged.tools.serve.protocol import APIError
+from pydantic import Field
+
+from minipaged.tools.serve.protocol import MAX_LOGPROBS, APIError, Int, Strict
 
 # what vLLM's Responses API leaves out (a 400 naming the field)
 BUILT_IN_TOOLS = {
@@ -50,11 +55,44 @@ PASSED = (
 )
 
 
+class ResponsesRequest(Strict):
+    """The fields of POST /v1/responses that this file reads, checked by type (strict,
+    as chat's are; unknown fields ignored). The sampling fields are checked on chat's
+    path; an item's shape by messages_of."""
+
+    input: str | list[dict] = Field(
+        description="a user message, or message, function_call and"
+        " function_call_output items"
+    )
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: Int(ge=1) | None = None
+    stream: bool | None = None
+    store: bool | None = Field(None, description="default true: kept for GET")
+    background: bool | None = Field(None, description="only false")
+    previous_response_id: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    text: dict | None = None
+    include: list[str] | None = None
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
 def refuse_what_vllm_leaves_out(raw: dict) -> None:
+    if raw.get("background") and raw.get("store") is False:
+        raise APIError(
+            400,
+            "background can only be used when `store` is true (and this server runs"
+            " no background responses: send background=false)",
+            "background",
+        )
     if raw.get("background"):
         raise APIError(
             400,
@@ -237,7 +275,23 @@ def chat_request(raw: dict, history: list[dict], stream: bool) -> dict:
         chat["tools"] = chat_tools(raw["tools"])
     if raw.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(raw["tool_choice"])
+    if wants_logprobs(raw):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = raw.get("top_logprobs") or 0
     return chat
+
+
+def wants_logprobs(raw: dict) -> bool:
+    """The output text's logprobs: asked by include (OpenAI's way) or by
+    top_logprobs."""
+    included = "message.output_text.logprobs" in (raw.get("include") or [])
+    return included or bool(raw.get("top_logprobs"))
+
+
+def logprobs_of(chat_logprobs: dict | None) -> list[dict]:
+    """Chat's logprobs (per token: token, logprob, bytes, top_logprobs) as an
+    output_text part's: the same entries."""
+    return list((chat_logprobs or {}).get("content") or [])
 
 
 def usage(chat_usage: dict | None) -> dict:
@@ -251,17 +305,21 @@ def usage(chat_usage: dict | None) -> dict:
     }
 
 
-def message_item(text: str, status: str = "completed", item_id: str = "") -> dict:
+def message_item(
+    text: str, status: str = "completed", item_id: str = "", logprobs=()
+) -> dict:
+    part = {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": list(logprobs),
+    }
     return {
         "type": "message",
         "id": item_id or new_id("msg"),
         "status": status,
         "role": "assistant",
-        "content": [
-            {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        ]
-        if status == "completed"
-        else [],
+        "content": [part] if status == "completed" else [],
     }
 
 
@@ -276,12 +334,14 @@ def call_item(call: dict, status: str = "completed", item_id: str = "") -> dict:
     }
 
 
-def items_of(message: dict) -> list[dict]:
-    """A chat answer's message as Responses output items."""
+def items_of(choice: dict) -> list[dict]:
+    """A chat answer's choice as Responses output items."""
+    message = choice["message"]
     calls = message.get("tool_calls") or []
     items = [call_item(c) for c in calls]
     if message.get("content") or not calls:
-        items.insert(0, message_item(message.get("content") or ""))
+        logprobs = logprobs_of(choice.get("logprobs"))
+        items.insert(0, message_item(message.get("content") or "", logprobs=logprobs))
     return items
 
 
@@ -347,6 +407,7 @@ def response(
         "text": {"format": fmt},
         "tool_choice": raw.get("tool_choice", "auto"),
         "tools": raw.get("tools") or [],
+        "top_logprobs": raw.get("top_logprobs"),
         "top_p": raw.get("top_p", 1.0),
         "truncation": "disabled",
         "usage": usage(chat_usage) if chat_usage is not None else None,
@@ -354,28 +415,96 @@ def response(
     }
 
 
+@dataclass(slots=True)
+class Kept:
+    """A stored response: the Response, the conversation that led to it (chat messages,
+    for previous_response_id) and its request's input items (for input_items)."""
+
+    response: dict
+    messages: list[dict]
+    input_items: list[dict]
+
+
 class Store:
-    """Responses sent with store: each with the conversation that led to it, at most
-    `limit`, the oldest evicted first."""
+    """Responses sent with store, at most `limit`, the oldest evicted first."""
 
     def __init__(self, limit: int):
         self.limit, self.kept = limit, OrderedDict()
 
-    def put(self, response_id: str, answer: dict, messages: list[dict]) -> None:
-        self.kept[response_id] = (answer, messages)
+    def put(self, response_id: str, kept: Kept) -> None:
+        self.kept[response_id] = kept
         while len(self.kept) > self.limit:
             self.kept.popitem(last=False)
 
-    def get(self, response_id: str, field: str = "response_id"):
+    def get(self, response_id: str, field: str = "response_id") -> Kept:
         if response_id not in self.kept:
             raise APIError(
                 404,
                 f"Response with id '{response_id}' not found: this server keeps the"
                 f" last {self.limit} responses sent with store=true, in memory (the"
-                " oldest are evicted first, and none survives a restart)",
+                " oldest are evicted first, a deleted one is gone, and none survives a"
+                " restart)",
                 field,
             )
         return self.kept[response_id]
+
+    def delete(self, response_id: str) -> dict:
+        """DELETE /v1/responses/{id}: OpenAI's answer."""
+        self.get(response_id)
+        del self.kept[response_id]
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def input_items_of(raw_input) -> list[dict]:
+    """A request's input as the items OpenAI lists for it: each with an id and a
+    status, a message's content as a list of text parts."""
+    if isinstance(raw_input, str):
+        raw_input = [{"role": "user", "content": raw_input}]
+    items = []
+    for raw in raw_input:
+        item = dict(raw)
+        item.setdefault("type", "message")
+        if item["type"] == "message":
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            text = text_of(item.get("content"))
+            item["content"] = [{"type": kind, "text": text}]
+        prefix = {"message": "msg", "function_call": "fc"}.get(item["type"], "fco")
+        item.setdefault("id", new_id(prefix))
+        item.setdefault("status", "completed")
+        items.append(item)
+    return items
+
+
+def listing(items: list[dict], query) -> dict:
+    """GET /v1/responses/{id}/input_items: OpenAI's cursor page (limit 1-100, default
+    20; order desc, the newest first, or asc; after: the id the page starts after)."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise APIError(400, f"order must be asc or desc, got {order!r}", "order")
+    limit = query.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise APIError(
+            400, f"limit must be a whole number from 1 to 100, got {limit!r}", "limit"
+        )
+    ordered = items if order == "asc" else items[::-1]
+    ids = [item["id"] for item in ordered]
+    start = 0
+    if "after" in query:
+        if query["after"] not in ids:
+            raise APIError(
+                400,
+                f"after={query['after']!r} is not an input item of this response",
+                "after",
+            )
+        start = ids.index(query["after"]) + 1
+    page = ordered[start : start + int(limit)]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + len(page) < len(ordered),
+    }
 
 
 class EventStream:
@@ -445,7 +574,7 @@ class EventStream:
                 output_index=index,
                 content_index=0,
                 text=part["text"],
-                logprobs=[],
+                logprobs=part["logprobs"],
             )
             yield self.event(
                 "response.content_part.done",
@@ -484,14 +613,16 @@ class EventStream:
                             "logprobs": [],
                         }
                     ]
+                logprobs = logprobs_of(choice.get("logprobs"))
                 self.open["content"][0]["text"] += delta["content"]
+                self.open["content"][0]["logprobs"] += logprobs
                 yield self.event(
                     "response.output_text.delta",
                     item_id=self.open["id"],
                     output_index=len(self.items) - 1,
                     content_index=0,
                     delta=delta["content"],
-                    logprobs=[],
+                    logprobs=logprobs,
                 )
             for call in delta.get("tool_calls") or []:
                 pieces = (call.get("function") or {}).get("arguments") or ""
@@ -522,3 +653,120 @@ class EventStream:
             else "response.completed"
         )
         yield self.event(kind, response=done)
+
+
+# /openapi.json: the Responses routes, their answers as schemas
+RESPONSE = {
+    "type": "object",
+    "required": ["id", "object", "created_at", "status", "model", "output"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response"},
+        "created_at": {"type": "integer"},
+        "status": {"enum": ["completed", "incomplete", "in_progress"]},
+        "model": {"type": "string"},
+        "output": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]},
+    },
+}
+DELETED = {
+    "type": "object",
+    "required": ["id", "object", "deleted"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "response.deleted"},
+        "deleted": {"const": True},
+    },
+}
+ITEM_LIST = {
+    "type": "object",
+    "required": ["object", "data", "first_id", "last_id", "has_more"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object"}},
+        "first_id": {"type": ["string", "null"]},
+        "last_id": {"type": ["string", "null"]},
+        "has_more": {"type": "boolean"},
+    },
+}
+
+
+def openapi_paths(ref, errors, refusals: tuple[int, ...]) -> dict:
+    """The Responses routes for /openapi.json (api.py's ref and errors helpers;
+    refusals: the statuses POST may answer, as chat's)."""
+
+    def answer(description: str, schema: dict, stream: bool = False) -> dict:
+        content = {"application/json": {"schema": schema}}
+        if stream:
+            content["text/event-stream"] = {
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {"data": {"type": "string"}},
+                }
+            }
+        return {"200": {"description": description, "content": content}}
+
+    response_id = {
+        "name": "response_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+    }
+    kept = errors(404, 405)
+    return {
+        "/v1/responses": {
+            "post": {
+                "summary": "OpenAI's Responses API (chat's path underneath)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": ref("ResponsesRequest")},
+                },
+                "responses": errors(*refusals)
+                | answer(
+                    "a Response; with stream=true, the Responses events",
+                    RESPONSE,
+                    stream=True,
+                ),
+            }
+        },
+        "/v1/responses/{response_id}": {
+            "get": {
+                "summary": "a response kept with store",
+                "parameters": [response_id],
+                "responses": kept | answer("the Response", RESPONSE),
+            },
+            "delete": {
+                "summary": "forget a kept response",
+                "parameters": [response_id],
+                "responses": kept | answer("OpenAI's answer", DELETED),
+            },
+        },
+        "/v1/responses/{response_id}/input_items": {
+            "get": {
+                "summary": "the input items of a kept response, a page at a time",
+                "parameters": [
+                    response_id,
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 100},
+                    },
+                    {
+                        "name": "order",
+                        "in": "query",
+                        "schema": {"enum": ["asc", "desc"]},
+                    },
+                    {"name": "after", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": errors(400, 404, 405) | answer("a page", ITEM_LIST),
+            }
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": {
+                "summary": "vLLM's: only a background response can be cancelled",
+                "parameters": [response_id],
+                "responses": errors(400, 404, 405),
+            }
+        },
+    }
