@@ -10,7 +10,11 @@ from the token ids alone, and a reset drops what no sequence maps.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
+import sys
+import time
+from argparse import ArgumentTypeError
 
 import numpy as np
 import pytest
@@ -54,18 +58,22 @@ def cached_names(manager: BlockManager) -> set[int]:
     return set(manager.device.prefix_cache.frame_of)
 
 
-def router_hashes(token_ids, block_size: int) -> list[int]:
-    """The block names a router computes from a prompt's token ids, written here from
-    the rule alone (prefix_cache.block_hash's docstring): sha256 of the parent's name
-    (8 bytes big-endian, none for the first block) and the token ids (4 bytes
+def router_hash(parent: int | None, block) -> int:
+    """A block's name as a router computes it from token ids, written here from the
+    rule alone (prefix_cache.block_hash's docstring): sha256 of the parent's name (8
+    bytes big-endian, none for a first block) then the token ids (4 bytes
     little-endian each); the name is the digest's last 8 bytes, big-endian."""
-    names, parent = [], b""
+    data = b"" if parent is None else parent.to_bytes(8, "big")
+    data += struct.pack(f"<{len(block)}I", *block)
+    return int.from_bytes(hashlib.sha256(data).digest()[-8:], "big")
+
+
+def router_hashes(token_ids, block_size: int) -> list[int]:
+    """The names of a prompt's full blocks, chained."""
+    names, parent = [], None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        digest = hashlib.sha256(parent + struct.pack(f"<{block_size}I", *block))
-        name = int.from_bytes(digest.digest()[-8:], "big")
-        names.append(name)
-        parent = name.to_bytes(8, "big")
+        parent = router_hash(parent, token_ids[start : start + block_size])
+        names.append(parent)
     return names
 
 
@@ -105,6 +113,21 @@ def test_a_reset_with_nothing_cached_says_cleared_and_returns_zero():
         no_cache.add_cache_listener(Recorder())
 
 
+def test_blocks_named_but_never_computed_are_removed_again():
+    manager = BlockManager(num_blocks=8, block_size=2)
+    recorder = Recorder()
+    manager.add_cache_listener(recorder)
+    manager.allocate("a", [1, 2, 3, 4, 5, 6, 7])  # names [1, 2], [3, 4], [5, 6]
+    manager.free("a", num_computed=3)  # aborted after its first chunk
+    names = router_hashes([1, 2, 3, 4, 5, 6], 2)
+    assert recorder.events[-2:] == [("removed", names[1]), ("removed", names[2])]
+    assert replay(recorder.events) == cached_names(manager) == {names[0]}
+    manager.allocate("b", [1, 2, 3, 4, 9])
+    manager.rollback("b", 3)  # a rolled-back guess cuts [3, 4] short
+    assert recorder.events[-1] == ("removed", names[1])
+    assert replay(recorder.events) == cached_names(manager)
+
+
 def test_the_names_in_the_events_are_the_ones_a_router_computes_from_token_ids():
     rng = np.random.default_rng(0)
     manager = BlockManager(num_blocks=64, block_size=4)
@@ -119,3 +142,259 @@ def test_the_names_in_the_events_are_the_ones_a_router_computes_from_token_ids()
     # the same rule in another process gives the same name (no per-process seed)
     assert block_hash(None, [1, 2, 3, 4]) == router_hashes([1, 2, 3, 4], 4)[0]
     assert all(0 <= name < 2**64 for name in router_hashes(prompt, 4))
+
+
+# ---- a random engine run: after every step, the events say what the cache holds ----
+
+VOCAB = 60  # the tiny checkpoint's words are ids 0..~70
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    from checkpoints import write_checkpoint
+
+    from minipaged import LLM
+
+    folder = write_checkpoint(tmp_path_factory.mktemp("kv_events"), max_positions=256)
+    return LLM(str(folder), device="cpu", num_blocks=64, block_size=4)
+
+
+def random_run(engine, seed: int, steps: int, after_step) -> dict:
+    """Requests sharing a few prefixes arrive, run, are aborted and preempted, and the
+    prefix cache is reset now and then, busy or idle; `after_step()` is called after
+    each step. Returns what happened, so a test can say that it was exercised."""
+    from minipaged import SamplingParams
+
+    rng = np.random.default_rng(seed)
+    prefixes = [[int(t) for t in rng.integers(5, VOCAB, size=n)] for n in (8, 13, 21)]
+    seen = {"preempted": 0, "resets": 0, "aborts": 0, "requests": 0}
+    for step in range(steps):
+        busy = step // 40 % 2 == 0  # busy and quiet stretches: the engine goes idle
+        if rng.random() < (0.45 if busy else 0.04) and len(engine.requests) < 6:
+            prefix = prefixes[int(rng.integers(len(prefixes)))]
+            tail = [int(t) for t in rng.integers(5, VOCAB, size=rng.integers(1, 10))]
+            params = SamplingParams(max_tokens=int(rng.integers(1, 14)), temperature=0)
+            request = {"prompt_token_ids": prefix + tail}
+            engine.add_request(f"r{step}", request, params)
+            seen["requests"] += 1
+        if rng.random() < 0.04 and engine.requests:
+            engine.abort_request(str(rng.choice(sorted(engine.requests))))
+            seen["aborts"] += 1
+        idle = not engine.has_unfinished_requests()
+        if rng.random() < (0.2 if idle else 0.04):
+            engine.blocks.reset_prefix_cache()
+            seen["resets"] += 1
+        if engine.has_unfinished_requests():
+            seen["preempted"] += len(engine.step().preempted)
+        after_step()
+    return seen
+
+
+def chains(events, block_size: int) -> list[tuple]:
+    """Decoded vLLM events (dicts) as the listener's calls: one per block."""
+    calls = []
+    for event in events:
+        if event["type"] == "BlockStored":
+            parent = event["parent_block_hash"]
+            for i, name in enumerate(event["block_hashes"]):
+                tokens = event["token_ids"][i * block_size : (i + 1) * block_size]
+                calls.append(("stored", name, parent, tuple(tokens)))
+                parent = name
+        elif event["type"] == "BlockRemoved":
+            calls += [("removed", name) for name in event["block_hashes"]]
+        else:
+            calls.append(("cleared",))
+    return calls
+
+
+def check_against_cache(manager: BlockManager, events) -> None:
+    """The set of names replayed from the events is the cache's own, and each name's
+    parent and tokens (from its BlockStored) are what its frame holds."""
+    cache = manager.device.prefix_cache
+    names = replay(events)
+    assert names == set(cache.frame_of)
+    told = {e[1]: (e[2], e[3]) for e in events if e[0] == "stored"}
+    assert {name: told[name] for name in names} == {
+        block_hash(*key): key for key in cache.key_of.values()
+    }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"preemption_mode": "recompute"},
+        {"preemption_mode": "swap", "prefix_cache_policy": "clock"},
+        {"preemption_mode": "recompute", "kv_offload_frames": 6},
+        # the seams that name blocks late (guesses settled) or early (chunked prompts)
+        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+        {"enable_chunked_prefill": True, "max_num_batched_tokens": 6},
+    ],
+    ids=["recompute", "swap-clock", "tier", "speculation", "chunked"],
+)
+def test_replaying_the_events_rebuilds_the_cached_blocks_after_every_step(llm, options):
+    engine = llm.new_engine(num_blocks=14, block_size=4, **options)
+    recorder = Recorder()
+    engine.blocks.add_cache_listener(recorder)
+
+    def after_step():
+        check_against_cache(engine.blocks, recorder.events)
+
+    seen = random_run(engine, seed=1, steps=160, after_step=after_step)
+    kinds = {e[0] for e in recorder.events}
+    assert kinds == {"stored", "removed", "cleared"}, kinds
+    assert seen["preempted"] and seen["resets"] and seen["aborts"], seen
+    assert any(e[0] == "removed" for e in recorder.events[:50]), "no early eviction"
+
+
+# ---- the wire: a real ZMQ subscriber decodes vLLM's msgpack shape ------------------
+
+zmq = pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
+msgpack = pytest.importorskip("msgpack", reason="the kv-events extra is not installed")
+
+from minipaged.tools.serve import kv_events  # noqa: E402
+
+STORED_FIELDS = {
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+}
+
+
+def publisher_config(**fields) -> kv_events.KVEventsConfig:
+    fields = {
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://127.0.0.1:0",
+        "replay_endpoint": "tcp://127.0.0.1:0",
+        **fields,
+    }
+    return kv_events.parse_config(json.dumps(fields))
+
+
+def receive(sub, seqs: int, timeout: float = 10.0) -> dict[int, list]:
+    """Frames from the subscriber until `seqs` batches came (or the timeout)."""
+    got, deadline = {}, time.monotonic() + timeout
+    while len(got) < seqs and time.monotonic() < deadline:
+        if sub.poll(100):
+            topic, seq, payload = sub.recv_multipart()
+            got[int.from_bytes(seq, "big")] = [topic, payload]
+    return got
+
+
+def ask_replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
+    """vLLM's replay protocol, as a router asks it: [b"", start] to the ROUTER socket,
+    then (seq, payload) replies until seq -1."""
+    context = zmq.Context.instance()
+    dealer = context.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    dealer.send_multipart([b"", start.to_bytes(8, "big")])
+    replies = []
+    while dealer.poll(5000):
+        _, seq, payload = dealer.recv_multipart()
+        if seq == kv_events.END_SEQ:
+            break
+        replies.append((int.from_bytes(seq, "big"), payload))
+    dealer.close(linger=0)
+    return replies
+
+
+def test_a_zmq_subscriber_rebuilds_the_cache_from_vllm_shaped_batches(llm):
+    engine = llm.new_engine(num_blocks=14, block_size=4)
+    publisher = kv_events.start(publisher_config(topic="kv"), engine.blocks)
+    try:
+        context = zmq.Context.instance()
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.connect(publisher.endpoint)
+        time.sleep(0.3)  # the subscription reaches the PUB socket
+        random_run(engine, seed=2, steps=120, after_step=lambda: None)
+        assert publisher.flush() and publisher.dropped == 0
+        got = receive(sub, publisher.seq)
+        sub.close(linger=0)
+        assert sorted(got) == list(range(publisher.seq)), "a batch was lost"
+        events = []
+        for seq in sorted(got):
+            topic, payload = got[seq]
+            assert topic == b"kv"
+            ts, batch, rank = msgpack.unpackb(payload)  # vLLM's array_like EventBatch
+            assert isinstance(ts, float) and rank == 0
+            for event in batch:
+                if event["type"] == "BlockStored":
+                    assert set(event) == STORED_FIELDS
+                    assert event["medium"] == "GPU" and event["block_size"] == 4
+                    assert len(event["token_ids"]) == 4 * len(event["block_hashes"])
+                elif event["type"] == "BlockRemoved":
+                    assert set(event) == {"type", "block_hashes", "medium"}
+                else:
+                    assert event == {"type": "AllBlocksCleared"}
+            events += chains(batch, 4)
+        check_against_cache(engine.blocks, events)
+        for call in events:  # each name is the one computed from its tokens alone
+            if call[0] == "stored":
+                assert call[1] == router_hash(call[2], call[3])
+        # a subscriber that missed batches asks the replay socket for them
+        replayed = ask_replay(publisher.replay_endpoint, start=3)
+        assert [seq for seq, _ in replayed] == list(range(3, publisher.seq))
+        assert all(payload == got[seq][1] for seq, payload in replayed)
+    finally:
+        publisher.close()
+
+
+def test_the_route_says_where_to_subscribe_in_the_shape_vllm_router_reads(llm):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    engine = llm.new_engine(num_blocks=8, block_size=4)
+    config = publisher_config(endpoint="tcp://*:0", replay_endpoint=None)
+    publisher = kv_events.start(config, engine.blocks)
+    try:
+        app = FastAPI()
+        kv_events.add_route(app, publisher)
+        sources = TestClient(app, base_url="http://127.0.0.1").get("/kv_event_sources")
+        entry = sources.json()["0"]
+        port = publisher.endpoint.rsplit(":", 1)[1]
+        assert entry["endpoint"] == f"tcp://127.0.0.1:{port}" and port != "0"
+        assert entry["replay_endpoint"] is None
+        assert (entry["publisher"], entry["encoding"], entry["schema_version"]) == (
+            "zmq",
+            "msgpack",
+            1,
+        )
+    finally:
+        publisher.close()
+    off = FastAPI()
+    kv_events.add_route(off, None)
+    assert TestClient(off).get("/kv_event_sources").json() == {}
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("{nope", "is not JSON"),
+        ("[1]", "JSON object"),
+        ('{"enable_kv_cache_events": true, "endpont": "x"}', "no field endpont"),
+        ('{"enable_kv_cache_events": true, "publisher": "kafka"}', "'zmq'"),
+        ('{"enable_kv_cache_events": true, "endpoint": "5557"}', "ZMQ address"),
+        ('{"enable_kv_cache_events": true, "hwm": 0}', "hwm"),
+    ],
+)
+def test_a_bad_config_is_refused_with_a_sentence(text, says):
+    with pytest.raises(ArgumentTypeError, match=says):
+        kv_events.parse_config(text)
+
+
+def test_events_off_publish_nothing_and_a_missing_wire_says_how_to_install(
+    monkeypatch,
+):
+    manager = BlockManager(num_blocks=4, block_size=2)
+    config = kv_events.parse_config('{"enable_kv_cache_events": false}')
+    assert config.publisher == "null" and kv_events.start(config, manager) is None
+    monkeypatch.setitem(sys.modules, "zmq", None)  # as if pyzmq were not installed
+    with pytest.raises(
+        ArgumentTypeError, match=r"pip install 'minipaged\[kv-events\]'"
+    ):
+        kv_events.parse_config('{"enable_kv_cache_events": true}')
