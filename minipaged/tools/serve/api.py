@@ -31,10 +31,12 @@ from starlette.requests import ClientDisconnect
 
 from minipaged import policies
 from minipaged.tools.serve import logprobs, protocol, responses, tools
+from minipaged.tools.serve.clients import TrustedProxies
 from minipaged.tools.serve.dashboard import Dashboard, page
 from minipaged.tools.serve.loop import EngineLoop, Update
 from minipaged.tools.serve.metrics import Metrics
 from minipaged.tools.serve.protocol import ERROR_TYPES, APIError
+from minipaged.tools.serve.workers import CallerMount, Workers
 
 SAMPLING_FIELDS = {
     "n",
@@ -95,6 +97,11 @@ class ServerConfig:
     max_stored_responses: int = 256
     # seconds between dashboard snapshots (about 10 a second)
     snapshot_interval: float = 0.1
+    # --forwarded-allow-ips: proxies whose X-Forwarded-For and `user` name the client
+    forwarded_allow_ips: tuple[str, ...] = ()
+    # the model's folder or hub id, as the routers' info routes give it (model_name if
+    # None)
+    model_path: str | None = None
 
 
 class RootPath:
@@ -154,6 +161,10 @@ class Server:
         )
         self.loop = EngineLoop(engine, [self.metrics, self.dashboard])
         self.slots = ClientSlots(config.max_concurrent_per_client)
+        self.proxies = TrustedProxies(config.forwarded_allow_ips)
+        self.workers = Workers(
+            self, engine, config.model_path or config.model_name, VERSION
+        )
         self.ids = itertools.count()
         self.stored = responses.Store(config.max_stored_responses)
         self.created = int(time.time())
@@ -161,6 +172,8 @@ class Server:
         # vLLM's --root-path: the router strips the prefix when a path has it
         if config.root_path:
             self.app.add_middleware(RootPath, root_path=config.root_path.rstrip("/"))
+        # /sglang/...: sglang-router's (workers.py)
+        self.app.add_middleware(CallerMount)
         self.app.openapi = self.openapi
 
     @asynccontextmanager
@@ -224,6 +237,7 @@ class Server:
         app.post("/ping")(self.health)
         # vLLM's: requests not yet done
         app.get("/load")(lambda: {"server_load": self.loop.num_unfinished})
+        self.workers.routes(app)  # the routers' protocol: info, load, render, reset
         app.get("/", include_in_schema=False)(lambda: HTMLResponse(page()))
         app.get("/dashboard/snapshot")(self.snapshot)
         app.get("/dashboard/events", include_in_schema=False)(self.snapshot_events)
@@ -412,6 +426,7 @@ class Server:
                 "content": {"text/plain": {"schema": {"type": "string"}}},
             }
         }
+        self.workers.document(paths, ref, errors)
         if self.config.api_key:
             schema["components"]["securitySchemes"] = {
                 "key": {"type": "http", "scheme": "bearer"}
@@ -421,6 +436,10 @@ class Server:
                 "/v1/completions",
                 "/v1/chat/completions",
                 "/invocations",
+                "/v1/chat/completions/render",
+                "/v1/completions/render",
+                "/reset_prefix_cache",
+                "/flush_cache",
                 *(path for path in paths if path.startswith("/v1/responses")),
             ):
                 for operation in paths[path].values():
@@ -470,7 +489,8 @@ class Server:
                 " answers /v1/models, /v1/completions, /v1/chat/completions,"
                 " /v1/responses, vLLM's"
                 " /tokenize, /detokenize, /tokenizer_info, /version and /ping,"
-                " /health, /metrics and / (the dashboard)"
+                " the routers' worker routes (/get_server_info, /get_load, ...:"
+                " docs/06_serving.md), /health, /metrics and / (the dashboard)"
             )
         elif error.status_code == 405:
             allowed = (error.headers or {}).get("allow", "another method")
@@ -805,14 +825,23 @@ class Server:
             given = f"Bearer {request.query_params.get('key', '')}"
         return secrets.compare_digest(given.encode(), f"Bearer {key}".encode())
 
-    def _client(self, request: Request) -> str:
+    def _client(self, request: Request, body=None) -> str:
         """Who sent a request, for --max-concurrent-per-client and the fair order: its
         address and the key it sent. A room shares one --api-key, so the address tells
         laptops apart; programs on one machine (the benchmark's clients, users behind
-        one proxy) tell themselves apart by their keys.
+        one proxy) tell themselves apart by their keys. From a proxy of
+        --forwarded-allow-ips, the address is its X-Forwarded-For client and the body's
+        `user` counts too (clients.TrustedProxies).
         """
-        address = request.client.host if request.client else "unknown"
-        return f"{address} {request.headers.get('authorization', '')}"
+        address, user = self.proxies.client(
+            request.client.host if request.client else "unknown",
+            request.headers.get("x-forwarded-for", ""),
+            getattr(body, "user", None),
+        )
+        key = request.headers.get("authorization", "")
+        if user:
+            return f"{address} {key} user={user}"
+        return f"{address} {key}"
 
     def _authorize(self, request: Request) -> None:
         if not self._has_key(request):
@@ -1061,7 +1090,7 @@ class Server:
                 f" {self.order_name!r})",
                 "priority",
             )
-        client = self._client(request)
+        client = self._client(request, body)
         done = self.slots.take(client, len(prompts), params.n)  # or a 400/429
         # admitted: now compile its structure, off the event loop
         release = await self._compile(params.structured_outputs, body, done, prompts)

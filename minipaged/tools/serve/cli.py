@@ -22,6 +22,7 @@ from minipaged.llm import CommandParser, number, policy
 from minipaged.speculative import SpeculativeConfig
 from minipaged.tools.serve import kv_events
 from minipaged.tools.serve.api import Server, ServerConfig
+from minipaged.tools.serve.clients import network
 
 EPILOG = """\
 examples:
@@ -255,6 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add(
+        "--forwarded-allow-ips",
+        type=proxies,
+        default=(),
+        metavar="IPS",
+        help=(
+            "opt-in, for replicas behind a router or proxy: comma-separated addresses"
+            " or networks (10.0.0.0/8, or * for any) whose word on the client is"
+            " taken: a request from one of them is counted, for the per-client bound"
+            " and the fair order, as its X-Forwarded-For client and, when the body"
+            " names OpenAI's `user`, as that user (a router passes `user` as its"
+            " client wrote it: trust it where your own programs set it) (default:"
+            " none, the client is the connection's address)"
+        ),
+    )
+    add(
         "--speculative-config",
         type=speculative_config,
         default=None,
@@ -344,6 +360,22 @@ def speculative_config(text: str) -> SpeculativeConfig:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def proxies(text: str) -> tuple[str, ...]:
+    """--forwarded-allow-ips: 'ADDRESS[,NETWORK...]' or '*', each entry checked now."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    if not entries:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no proxy: write e.g. 127.0.0.1 or 10.0.0.0/8"
+        )
+    for entry in entries:
+        if entry != "*":
+            try:
+                network(entry)
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
+    return entries
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (bound before uvicorn starts, so port 0 gives a known free
     port)."""
@@ -388,6 +420,9 @@ class ServerThread:
                 log_level="warning",
                 lifespan="on",
                 timeout_graceful_shutdown=2,
+                # the client is the connection's address, or what the server's own
+                # --forwarded-allow-ips trusts (clients.TrustedProxies)
+                proxy_headers=False,
             )
         )
         self.thread = threading.Thread(
@@ -463,6 +498,8 @@ def main(argv=None) -> int:
             max_concurrent_per_client=args.max_concurrent_per_client,
             force_include_usage=args.enable_force_include_usage,
             root_path=args.root_path,
+            forwarded_allow_ips=args.forwarded_allow_ips,
+            model_path=str(llm.folder),
         ),
     )
     port = sock.getsockname()[1]
@@ -487,6 +524,12 @@ def main(argv=None) -> int:
         f" ({args.default_max_tokens} if a chat gives no max_tokens); a client (address"
         f" + key): {share} sequences at once"
     )
+    if args.forwarded_allow_ips:
+        print(
+            "  from a proxy in --forwarded-allow-ips"
+            f" {','.join(args.forwarded_allow_ips)}: the client is its X-Forwarded-For"
+            " client (and the body's `user`)"
+        )
     for url in urls(args.host, port):
         print(
             f"  API (OpenAI):  {url}/v1    dashboard: {url}/    metrics: {url}/metrics"
@@ -501,7 +544,11 @@ def main(argv=None) -> int:
         print(f"  KV cache events (vLLM's, for a router): {events.endpoint}")
     print("Ctrl-C stops it.", flush=True)
     config = uvicorn.Config(
-        server.app, log_level=args.log_level, lifespan="on", timeout_graceful_shutdown=2
+        server.app,
+        log_level=args.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        proxy_headers=False,  # as ServerThread's
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

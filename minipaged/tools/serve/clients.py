@@ -1,12 +1,14 @@
 """Each client's service, as the dashboard and /metrics show it: a name for each client
 (its address, and for a key a salted hash of it: the page and /metrics are public, so
 never the key) and the tokens a request that left was served. The server names clients
-(address and key) as the fair waiting order counts them; these names only show them.
+(address and key, or what a trusted proxy forwards) as the fair waiting order counts
+them; these names only show them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import secrets
 
 # clients told apart (a room is about 40); later ones are counted as OTHER
@@ -68,3 +70,69 @@ def served_tokens(output, stream) -> tuple[int, int]:
     return (len(output.prompt_token_ids) if ran else 0), sum(
         len(c.token_ids) for c in output.outputs
     )
+
+
+class TrustedProxies:
+    """--forwarded-allow-ips (uvicorn's name): the proxies whose word on who the client
+    is the server takes. Behind a router every request comes from the router's address,
+    so the per-client bound and the fair order would see one client; a request from an
+    address in `allowed` (addresses, networks such as 10.0.0.0/8, or "*" for any) is
+    counted instead as the right-most X-Forwarded-For hop that is no trusted proxy, and,
+    when its body names OpenAI's `user`, as that user of it. Empty (the default): the
+    client is the connection's own address, whatever the headers say.
+    """
+
+    def __init__(self, allowed=()):
+        self.any = "*" in allowed
+        self.networks = [network(a) for a in allowed if a != "*"]
+
+    def trusts(self, address: str) -> bool:
+        if self.any:
+            return True
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:  # not an address: a name is never trusted
+            return False
+        return any(ip in net for net in self.networks)
+
+    def client(self, peer: str, forwarded_for: str, user) -> tuple[str, str]:
+        """(address, user) of a request that came from `peer` with an X-Forwarded-For
+        header `forwarded_for` and a body whose `user` is `user`: the peer and no user
+        unless the peer is trusted."""
+        if not self.trusts(peer):
+            return peer, ""
+        address = peer
+        hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
+        for hop in reversed(hops):  # each proxy appends the address it saw
+            if not is_address(hop):
+                break  # a hop that is no address: the chain cannot be read further
+            address = hop
+            if not self.trusts(hop):
+                break
+        if not isinstance(user, str):
+            user = ""
+        return address, user[:MAX_USER]
+
+
+# a `user` field is an identifier (OpenAI: "a unique identifier for your end-user")
+MAX_USER = 256
+
+
+def is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def network(text: str):
+    """One entry of --forwarded-allow-ips: an address or a network (CIDR), or a
+    ValueError naming it."""
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not an IP address or network: write e.g. 127.0.0.1,"
+            " 10.0.0.0/8 or * (any proxy)"
+        ) from None

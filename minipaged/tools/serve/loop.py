@@ -152,6 +152,13 @@ class EngineLoop:
         self.aborting.add(request_id)
         self.inbox.put(("abort", request_id))
 
+    def call(self, work: Callable) -> asyncio.Future:
+        """Run `work(engine)` on the engine thread between two steps (never during
+        one); the future, of the calling event loop, gets what it returns or raises."""
+        future = asyncio.get_running_loop().create_future()
+        self.inbox.put(("call", work, future))
+        return future
+
     @property
     def num_unfinished(self) -> int:
         """Requests the engine holds or will: accepted, not done, and not being
@@ -270,6 +277,8 @@ class EngineLoop:
                 return False
             if message[0] == "add":
                 self._add(*message[1:])
+            elif message[0] == "call":
+                self._call(*message[1:])
             elif message[1] in self.streams and message[1] in self.engine.requests:
                 self._finish(self.engine.abort_request(message[1]))
             else:  # it had finished (or been refused) before the abort came
@@ -291,6 +300,26 @@ class EngineLoop:
             self._send(request_id, Update(request_id, error=str(error)))
             return
         self._send(request_id, Update(request_id))  # accepted
+
+    def _call(self, work: Callable, future: asyncio.Future) -> None:
+        """Run a caller's work on the engine (loop.call) and hand back its outcome."""
+        try:
+            result, error = work(self.engine), None
+        except Exception as failure:  # the caller's to report: the loop goes on
+            result, error = None, failure
+
+        def settle() -> None:
+            if future.cancelled():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        try:
+            future.get_loop().call_soon_threadsafe(settle)
+        except RuntimeError:  # the caller's event loop is closed
+            pass
 
     def _after_step(self, report: StepReport) -> None:
         """Hand out what the step produced: new text of running requests, finished

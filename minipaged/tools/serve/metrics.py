@@ -8,6 +8,7 @@ every finished request.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,7 +19,7 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 
-from minipaged.tools.serve.clients import ClientNames, served_tokens
+from minipaged.tools.serve.clients import OTHER, ClientNames, served_tokens
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so the histograms line up with its
 # dashboards
@@ -106,6 +107,22 @@ TOKEN_BUCKETS = [
     16384,
 ]  # tokens per step
 N_BUCKETS = [1, 2, 5, 10, 20]
+# a request's finish reasons (outputs.py), each a series from the start: a router
+# that sums every replica's metrics (sglang-router's /engine_metrics) reads a cold
+# replica too
+FINISH_REASONS = ("stop", "length", "abort", "rejected")
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the engine held at its last step, for the routers' load probes (workers.py):
+    requests running and waiting, the tokens its frames in use can hold, and when the
+    last step ended (time.monotonic(); None before the first)."""
+
+    running: int = 0
+    waiting: int = 0
+    tokens: int = 0
+    stepped_at: float | None = None
 
 
 def buckets_1_2_5(largest: int) -> list[int]:
@@ -188,6 +205,23 @@ class Metrics:
         self.hits = metric(
             Counter, "prefix_cache_hits", "Of those, tokens found in the prefix cache."
         )
+        # vLLM's older (V0) names of the same three series, which the vLLM
+        # production-stack router still scrapes
+        self.v0_queries = metric(
+            Counter,
+            "gpu_prefix_cache_queries",
+            "The same as prefix_cache_queries (vLLM's older name).",
+        )
+        self.v0_hits = metric(
+            Counter,
+            "gpu_prefix_cache_hits",
+            "The same as prefix_cache_hits (vLLM's older name).",
+        )
+        self.v0_usage = metric(
+            Gauge,
+            "gpu_cache_usage_perc",
+            "The same as kv_cache_usage_perc (vLLM's older name).",
+        )
         # the block manager's counters, as far as counted
         self.counted = {
             "queries": 0,
@@ -208,6 +242,8 @@ class Metrics:
             ["model_name", "finished_reason"],
             registry=registry,
         )
+        for reason in FINISH_REASONS:
+            self.success.labels(model_name, reason)
         # vLLM's speculative-decoding counters (v1 names): rows that guessed, guesses,
         # guesses kept
         self.drafts = metric(
@@ -234,8 +270,12 @@ class Metrics:
             ["model_name", "client", "kind"],
             registry=registry,
         )
+        for kind in ("prompt", "output"):  # a series from the start (FINISH_REASONS)
+            self.client_tokens.labels(model_name, OTHER, kind)
         self.names = ClientNames()
         self.model_name = model_name
+        # replaced (never changed) at each step: read from any thread
+        self.load = Load()
         self.iteration_tokens = metric(
             Histogram,
             "iteration_tokens_total",
@@ -346,14 +386,25 @@ class Metrics:
         self.running.set(len(s.running))
         self.waiting.set(len(s.waiting))
         self.swapped.set(len(s.swapped))
-        self.kv_usage.set(1 - blocks.num_free_frames / blocks.num_frames)
-        self._count(self.queries, "queries", blocks.prefix_cache_queries)
-        self._count(self.hits, "hits", blocks.prefix_cache_hits)
+        used = blocks.num_frames - blocks.num_free_frames
+        self.kv_usage.set(used / blocks.num_frames)
+        self.v0_usage.set(used / blocks.num_frames)
+        self._count(
+            (self.queries, self.v0_queries), "queries", blocks.prefix_cache_queries
+        )
+        self._count((self.hits, self.v0_hits), "hits", blocks.prefix_cache_hits)
+        stepped_at = self.load.stepped_at
+        if report is not None:
+            stepped_at = time.monotonic()
+        self.load = Load(
+            len(s.running), len(s.waiting), used * blocks.block_size, stepped_at
+        )
 
-    def _count(self, counter, name: str, total: int) -> None:
+    def _count(self, counters, name: str, total: int) -> None:
         """Add what the block manager counted since the last step (it counts at
-        admission)."""
-        counter.inc(max(total - self.counted[name], 0))
+        admission) to each of its counters (its names)."""
+        for counter in counters:
+            counter.inc(max(total - self.counted[name], 0))
         self.counted[name] = total
 
     def finished(self, output, stream) -> None:
