@@ -1,46 +1,9 @@
 """The page table, published: the prefix cache's block events as vLLM's KV-cache events.
 
-A router that knows which replica holds which block (a directory, as a multiprocessor's
-caches keep one) sends a returning prompt where its K and V already are. One listener
-on the prefix cache hears each block named (BlockStored), dropped (BlockRemoved) and
-the cache emptied (AllBlocksCleared); a thread sends them off the engine's path.
-
-Replicas behind vllm-router 0.1.17's kv_aware policy, on one machine (the wire needs
-`pip install 'minipaged[kv-events]'`; tried as written):
-
-    python -m minipaged.serve --port 8001 --kv-events-config \
-        '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557",
-          "replay_endpoint": "tcp://127.0.0.1:5567"}'
-    python -m minipaged.serve --port 8002 --kv-events-config ... 5558 ... 5568
-    vllm-router --policy kv_aware --worker-urls http://127.0.0.1:8001 \
-        http://127.0.0.1:8002 --kv-event-block-size 16 --kv-event-model MODEL \
-        --kv-event-source http://127.0.0.1:8001=tcp://127.0.0.1:5557 \
-        --kv-event-source http://127.0.0.1:8002=tcp://127.0.0.1:5558 \
-        --kv-event-replay-source http://127.0.0.1:8001=tcp://127.0.0.1:5567 \
-        --kv-event-replay-source http://127.0.0.1:8002=tcp://127.0.0.1:5568
-
---kv-event-block-size is the replicas' --block-size (16 by default), MODEL their served
-model name. Without --kv-event-source the router asks each replica: GET
-/get_server_info must then carry kv_block_size (or block_size, never both), and GET
-/kv_event_sources (here) says where to subscribe. The router tokenizes a prompt through
-the replica (/v1/completions/render, else /tokenize) and matches blocks by their token
-ids; it uses the block hashes only to chain a block to its parent and to remove it. It
-subscribes when it starts: a block stored before that stays unknown to it (it did not
-ask the replay socket for it when tried).
-
-An endpoint with port 0 takes a free port (/kv_event_sources reports it). minipaged
-binds each endpoint it is given (vLLM binds wildcard hosts and connects to others) and
-binds 127.0.0.1 unless told, as its HTTP server does (vLLM's default: tcp://*:5557).
-
-The wire, as vLLM's ZmqEventPublisher sends it: per batch three frames (topic, sequence
-number as 8 bytes big-endian, msgpack payload); the payload is the array [ts, events,
-data_parallel_rank] and each event a map tagged by "type" (msgspec's tag=True,
-omit_defaults): BlockStored {block_hashes, parent_block_hash, token_ids, block_size,
-lora_id, medium, lora_name}, BlockRemoved {block_hashes, medium}, AllBlocksCleared {}.
-Consecutive blocks of one chain travel as one BlockStored. A hash is
-prefix_cache.block_hash: anyone can compute it from token ids (sha256, no seed). The
-replay socket (ROUTER) answers [b"", first sequence number as 8 bytes] with each kept
-batch from there as [sequence number, payload], then [-1, b""].
+One listener on the prefix cache hears each block named (BlockStored), dropped
+(BlockRemoved) and the cache emptied (AllBlocksCleared); a thread sends them over ZMQ in
+vLLM's msgpack shape to a router, which keeps a directory of which replica holds which
+block. How to start replicas and vllm-router with them, and the wire: the comment below.
 """
 
 from __future__ import annotations
@@ -55,6 +18,43 @@ from collections import deque
 from dataclasses import dataclass
 
 from fastapi import Request
+
+# Replicas behind vllm-router 0.1.17's kv_aware policy, on one machine (the wire needs
+# `pip install 'minipaged[kv-events]'`; tried as written):
+#
+#     python -m minipaged.serve --port 8001 --kv-events-config \
+#         '{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:5557",
+#           "replay_endpoint": "tcp://127.0.0.1:5567"}'
+#     python -m minipaged.serve --port 8002 --kv-events-config ... 5558 ... 5568
+#     vllm-router --policy kv_aware --worker-urls http://127.0.0.1:8001 \
+#         http://127.0.0.1:8002 --kv-event-block-size 16 --kv-event-model MODEL \
+#         --kv-event-source http://127.0.0.1:8001=tcp://127.0.0.1:5557 \
+#         --kv-event-source http://127.0.0.1:8002=tcp://127.0.0.1:5558 \
+#         --kv-event-replay-source http://127.0.0.1:8001=tcp://127.0.0.1:5567 \
+#         --kv-event-replay-source http://127.0.0.1:8002=tcp://127.0.0.1:5568
+#
+# --kv-event-block-size is the replicas' --block-size (16 by default), MODEL their
+# served model name. Without --kv-event-source the router asks each replica: GET
+# /get_server_info must then carry kv_block_size (or block_size, never both), and GET
+# /kv_event_sources (here) says where to subscribe. The router tokenizes a prompt
+# through the replica (/v1/completions/render, else /tokenize) and matches blocks by
+# their token ids; it uses the block hashes only to chain a block to its parent and to
+# remove it. It subscribes when it starts: a block stored before that stays unknown to
+# it (it did not ask the replay socket for it when tried).
+#
+# An endpoint with port 0 takes a free port (/kv_event_sources reports it). minipaged
+# binds each endpoint it is given (vLLM binds wildcard hosts and connects to others) and
+# binds 127.0.0.1 unless told, as its HTTP server does (vLLM's default: tcp://*:5557).
+#
+# The wire, as vLLM's ZmqEventPublisher sends it: per batch three frames (topic,
+# sequence number as 8 bytes big-endian, msgpack payload); the payload is the array [ts,
+# events, data_parallel_rank] and each event a map tagged by "type" (msgspec's tag=True,
+# omit_defaults): BlockStored {block_hashes, parent_block_hash, token_ids, block_size,
+# lora_id, medium, lora_name}, BlockRemoved {block_hashes, medium}, AllBlocksCleared {}.
+# Consecutive blocks of one chain travel as one BlockStored. A hash is
+# prefix_cache.block_hash: anyone can compute it from token ids (sha256, no seed). The
+# replay socket (ROUTER) answers [b"", first sequence number as 8 bytes] with each kept
+# batch from there as [sequence number, payload], then [-1, b""].
 
 MEDIUM = "GPU"  # vLLM's name for the pool (a block evicted to the tier leaves it too)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's last reply
