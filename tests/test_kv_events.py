@@ -398,3 +398,28 @@ def test_events_off_publish_nothing_and_a_missing_wire_says_how_to_install(
         ArgumentTypeError, match=r"pip install 'minipaged\[kv-events\]'"
     ):
         kv_events.parse_config('{"enable_kv_cache_events": true}')
+
+
+def test_a_chain_travels_as_one_event_and_numpy_ids_become_ints():
+    raw = [
+        ("stored", 11, None, (np.int64(3), 4)),
+        ("stored", 12, 11, (5, np.int32(6))),  # continues the chain: same event
+        ("stored", 13, 11, (7, 8)),  # a sibling of 12: a new event
+        ("removed", 12),
+        ("removed", 13),
+        ("cleared",),
+    ]
+    events = kv_events.batch_of(raw, block_size=2)
+    common = {"block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None}
+    assert events == [
+        {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None}
+        | {"token_ids": [3, 4, 5, 6]}
+        | common,
+        {"type": "BlockStored", "block_hashes": [13], "parent_block_hash": 11}
+        | {"token_ids": [7, 8]}
+        | common,
+        {"type": "BlockRemoved", "block_hashes": [12, 13], "medium": "GPU"},
+        {"type": "AllBlocksCleared"},
+    ]
+    assert msgpack.unpackb(msgpack.packb(events)) == events
+    assert chains(events, 2) == raw  # a subscriber reads back what the cache said

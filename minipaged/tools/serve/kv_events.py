@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import threading
 import time
@@ -56,6 +57,7 @@ from fastapi import Request
 # replay socket (ROUTER) answers [b"", first sequence number as 8 bytes] with each kept
 # batch from there as [sequence number, payload], then [-1, b""].
 
+LOG = logging.getLogger("minipaged.serve")
 MEDIUM = "GPU"  # vLLM's name for the pool (a block evicted to the tier leaves it too)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's last reply
 MAX_BATCH = 1024  # events in one batch at most
@@ -157,7 +159,7 @@ def batch_of(raw: list[tuple], block_size: int) -> list[dict]:
             block, parent, token_ids = args
             if last["type"] == "BlockStored" and last["block_hashes"][-1] == parent:
                 last["block_hashes"].append(block)
-                last["token_ids"].extend(token_ids)
+                last["token_ids"].extend(int(t) for t in token_ids)
             else:
                 events.append(stored_event([block], parent, token_ids, block_size))
         elif kind == "removed":
@@ -177,7 +179,7 @@ def stored_event(block_hashes, parent, token_ids, block_size: int) -> dict:
         "type": "BlockStored",
         "block_hashes": block_hashes,
         "parent_block_hash": parent,
-        "token_ids": list(token_ids),
+        "token_ids": [int(t) for t in token_ids],  # numpy ints are not msgpack's
         "block_size": block_size,
         "lora_id": None,
         "medium": MEDIUM,
@@ -230,6 +232,8 @@ class KVEventPublisher:
         try:
             self.inbox.put_nowait(event)
         except queue.Full:  # the router's view goes stale; the engine goes on
+            if not self.dropped:
+                LOG.warning("KV events: the queue is full, events are dropped")
             self.dropped += 1
 
     # ---- what a router is told -----------------------------------------------------
@@ -307,11 +311,15 @@ class KVEventPublisher:
                     raw.append(self.inbox.get_nowait())
                 except queue.Empty:
                     break
-            self._send(batch_of(raw, self.block_size))
+            try:
+                self._send(batch_of(raw, self.block_size))
+            except Exception:  # a batch lost, the thread goes on (vLLM's does too)
+                LOG.exception("KV events: a batch could not be sent")
+                self.dropped += len(raw)
             for _ in raw:
                 self.inbox.task_done()
 
-    def _send(self, events: list[list]) -> None:
+    def _send(self, events: list[dict]) -> None:
         payload = self.msgpack.packb([time.time(), events, self.rank])
         seq = self.seq.to_bytes(8, "big")
         self.pub.send_multipart([self.topic, seq, payload])
