@@ -19,7 +19,12 @@ from argparse import ArgumentTypeError
 import numpy as np
 import pytest
 
-from minipaged.paging import BlockManager, block_hash
+from minipaged.paging import (
+    BlockManager,
+    ContiguousBlockManager,
+    StaticBlockManager,
+    block_hash,
+)
 
 
 class Recorder:
@@ -107,10 +112,14 @@ def test_a_reset_with_nothing_cached_says_cleared_and_returns_zero():
     manager.add_cache_listener(recorder)
     assert manager.reset_prefix_cache() == 0
     assert recorder.events == [("cleared",)]
-    no_cache = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False)
-    assert no_cache.reset_prefix_cache() == 0
-    with pytest.raises(ValueError, match="enable_prefix_caching"):
-        no_cache.add_cache_listener(Recorder())
+    for no_cache in (
+        BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=False),
+        ContiguousBlockManager(num_blocks=8),
+        StaticBlockManager(num_slots=64, max_model_len=16),
+    ):
+        assert no_cache.reset_prefix_cache() == 0
+        with pytest.raises(ValueError, match="enable_prefix_caching"):
+            no_cache.add_cache_listener(Recorder())
 
 
 def test_blocks_named_but_never_computed_are_removed_again():
@@ -423,3 +432,13 @@ def test_a_chain_travels_as_one_event_and_numpy_ids_become_ints():
     ]
     assert msgpack.unpackb(msgpack.packb(events)) == events
     assert chains(events, 2) == raw  # a subscriber reads back what the cache said
+
+
+def test_a_taken_port_is_refused_with_what_to_do():
+    first = kv_events.start(publisher_config(replay_endpoint=None), BlockManager(8))
+    try:
+        taken = publisher_config(endpoint=first.endpoint, replay_endpoint=None)
+        with pytest.raises(OSError, match="cannot bind .* port 0 for any free one"):
+            kv_events.start(taken, BlockManager(8))
+    finally:
+        first.close()

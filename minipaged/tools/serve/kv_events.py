@@ -204,13 +204,17 @@ class KVEventPublisher:
         self.kept: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         self.dropped = self.seq = 0
         self.context = zmq.Context()
-        self.pub = self.context.socket(zmq.PUB)
-        self.pub.set_hwm(config.hwm)
-        self.endpoint = self._bind(self.pub, config.endpoint)
         self.replay, self.replay_endpoint = None, None
-        if config.replay_endpoint is not None:
-            self.replay = self.context.socket(zmq.ROUTER)
-            self.replay_endpoint = self._bind(self.replay, config.replay_endpoint)
+        try:
+            self.pub = self.context.socket(zmq.PUB)
+            self.pub.set_hwm(config.hwm)
+            self.endpoint = self._bind(self.pub, config.endpoint)
+            if config.replay_endpoint is not None:
+                self.replay = self.context.socket(zmq.ROUTER)
+                self.replay_endpoint = self._bind(self.replay, config.replay_endpoint)
+        except OSError:
+            self.context.destroy(linger=0)  # nothing stays bound
+            raise
         self.topic = config.topic.encode()
         self.closing = threading.Event()
         self.thread = threading.Thread(
@@ -286,16 +290,16 @@ class KVEventPublisher:
     def _bind(self, socket, endpoint: str) -> str:
         """Bind `endpoint` (port 0: a free one); the address bound, port resolved."""
         scheme, _, rest = endpoint.partition("://")
-        if scheme == "tcp" and rest.endswith(":0"):
-            host = rest[: -len(":0")]
-            port = socket.bind_to_random_port(f"tcp://{host}")
-            return f"tcp://{host}:{port}"
         try:
+            if scheme == "tcp" and rest.endswith(":0"):
+                host = rest[: -len(":0")]
+                port = socket.bind_to_random_port(f"tcp://{host}")
+                return f"tcp://{host}:{port}"
             socket.bind(endpoint)
         except Exception as error:
             raise OSError(
-                f"--kv-events-config: cannot bind {endpoint}: {error} (pick another"
-                " port, or port 0 for a free one)"
+                f"--kv-events-config: cannot bind {endpoint}: {error} (give an address"
+                " of this machine and a free port, or port 0 for any free one)"
             ) from None
         return endpoint
 
