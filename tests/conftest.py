@@ -26,6 +26,7 @@ INTEGRATION = {
     "test_engine_fuzz",
     "test_chunked_prefill",
     "test_docs",
+    "test_workshop_rehearsal",
 }
 
 
