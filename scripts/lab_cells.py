@@ -100,6 +100,16 @@ PLAN = {
             "my_codec.py",
         )
     ],
+    "17_routing": [
+        (
+            13,
+            (
+                "the router's directory: which replica holds which block, from their"
+                " KV events, and LARD's route."
+            ),
+            "my_directory.py",
+        )
+    ],
 }
 
 

@@ -33,6 +33,7 @@ from minipaged.tools.bench.workload import (
     make_workload,
     simulate_memory,
 )
+from minipaged.tools.lab import directory_lab
 from minipaged.tools.viz import BarChart, FrameMap, LineChart, PageTableView, Timeline
 from minipaged.tools.viz.demo import reused_frames, two_sequences
 
@@ -775,6 +776,17 @@ def policy_mechanism() -> Drawing:
     )
 
 
+def routing_figures(llm: LLM) -> dict:
+    """Note 17: the directory after 8 users took 4 turns each on three replicas, routed
+    round robin and by LARD (notebook 17's runs): the replica that holds each block of
+    each conversation. Answers of fixed length: the same on every machine."""
+    drawn = directory_lab.directory_pictures(llm)
+    return {
+        "routing_round_robin.svg": drawn["round robin"][1],
+        "routing_lard.svg": drawn["LARD"][1],
+    }
+
+
 def figures() -> dict:
     """File name -> picture, every figure of docs/."""
     requests = make_workload(1000)
@@ -803,6 +815,7 @@ def figures() -> dict:
         **scheduling_figures(),
         **drum_figures(),
         "policy_mechanism.svg": policy_mechanism(),
+        **routing_figures(llm),
     }
 
 

@@ -17,6 +17,7 @@ from minipaged.tools.lab import (
     batcher_props,
     clock_lab,
     compressed_lab,
+    directory_lab,
     drum_lab,
     fair_lab,
     kernel_props,
@@ -237,6 +238,19 @@ LABS = {
             samples=False,
             meeting="12, the drum: a slower tier behind memory",
             run=drum_lab.serve_lab12,
+        ),
+        Lab(
+            13,
+            "the directory: which replica holds which block, and LARD's route",
+            "lab13_directory.py",
+            30,
+            "notebook 17 (routing); lab 3 helps",
+            directory_lab.solution,
+            directory_lab.PROPERTIES,
+            directory_lab.ENGINE,
+            samples=False,
+            meeting="17, locality-aware request distribution and the directory",
+            run=directory_lab.serve_lab13,
         ),
     ]
 }
