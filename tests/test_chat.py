@@ -376,6 +376,33 @@ def test_a_reader_that_leaves_early_ends_the_chat_quietly(tiny):
     ), stderr
 
 
+def test_stats_and_pages_count_the_same_conversation(tiny):
+    """Issue 42: /stats said "5 frames for 71 tokens" where /pages said "73 tokens = 4
+    full blocks of 16 + 9" for the same conversation (/stats sampled the pool a step
+    before the answer's last). Both now count the conversation's tokens; the frames
+    hold all of them but the last, whose K and V the next turn writes."""
+    result = run_pipe(
+        str(tiny()), ["hello there", "/stats", "/pages"], "--max-tokens", "20"
+    )
+    assert result.returncode == 0, result.stderr
+    fullest = re.search(
+        r"at its fullest: (\d+) frames for the conversation's (\d+) tokens \((\d+)"
+        r" written.*utilization ([\d.]+)%",
+        result.stdout,
+    )
+    pages = re.search(
+        r"the conversation so far: (\d+) tokens = (\d+) full blocks of 16"
+        r"(?: \+ (\d+))?",
+        result.stdout,
+    )
+    assert fullest and pages, result.stdout
+    frames, tokens, written = (int(n) for n in fullest.groups()[:3])
+    conversation, full, tail = int(pages[1]), int(pages[2]), int(pages[3] or 0)
+    assert tokens == conversation == 16 * full + tail and written == tokens - 1
+    assert (frames - 1) * BLOCK < written <= frames * BLOCK
+    assert float(fullest[4]) == round(100 * written / (frames * BLOCK), 1)
+
+
 @pytest.mark.parametrize("stdin", ["< /dev/null", "0<&-"])
 def test_an_empty_or_closed_standard_input_is_the_end_of_the_conversation(tiny, stdin):
     """Issue 18, defect 12: with standard input closed (`0<&-`), sys.stdin is None and

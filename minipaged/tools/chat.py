@@ -18,10 +18,10 @@ import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
+from minipaged.backend import cdiv
 from minipaged.llm import LLM, CommandParser, number
 from minipaged.model.cpu import fit_blas_threads
 from minipaged.model.weights import DEFAULT_MODEL, resolve_model
-from minipaged.paging import MemoryUsage
 from minipaged.sampling import SamplingParams
 from minipaged.tools.viz import FrameMap
 
@@ -195,7 +195,6 @@ class Answer:
     first_token_s: float  # from sending the prompt to the first printed piece
     seconds: float  # the whole answer
     finish_reason: str
-    usage: MemoryUsage | None  # the KV pool when the answer held the most frames
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -290,7 +289,6 @@ def ctrl_c_stops_the_answer(session: Session):
 def stream_answer(session: Session, prompt_ids: list[int]) -> str:
     """Stream the answer to the prompt, measure it, and return its text."""
     llm, text, first = session.llm, "", None
-    usage = None
     start = time.perf_counter()
     with (
         ctrl_c_stops_the_answer(session) as stop,
@@ -302,10 +300,6 @@ def stream_answer(session: Session, prompt_ids: list[int]) -> str:
                 break
             if first is None:
                 first = time.perf_counter() - start
-            # while the answer's sequence holds its frames
-            now = llm.engine.blocks.usage()
-            if usage is None or now.allocated_slots >= usage.allocated_slots:
-                usage = now
             text += piece
             print(piece, end="", flush=True)
     seconds = time.perf_counter() - start
@@ -320,7 +314,6 @@ def stream_answer(session: Session, prompt_ids: list[int]) -> str:
             first or seconds,
             seconds,
             output.outputs[0].finish_reason,
-            usage,
         ),
     )
     session.token_ids = prompt_ids + output.outputs[0].token_ids
@@ -394,12 +387,8 @@ def stats_text(session: Session) -> str:
             ),
         ]
     )
-    if a is not None and a.usage is not None:
-        u = a.usage
-        lines.append(
-            f"  KV cache at its fullest: {u.allocated_slots // blocks.block_size}"
-            f" frames for {u.token_slots} tokens, utilization {u.utilization:.1%}"
-        )
+    if a is not None:
+        lines.append(fullest_text(a, blocks.block_size))
     total, free = blocks.num_frames, blocks.num_free_frames
     parked = sum(state.cached for state in blocks.held_frame_states())
     lines.append(
@@ -422,6 +411,20 @@ def stats_text(session: Session) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def fullest_text(a: Answer, block_size: int) -> str:
+    """The answer's sequence at its end, counted as /pages counts the conversation: its
+    tokens, of which all but the last have their K and V in the cache (the last one's
+    are written when the next turn reads it), in one frame per block_size of those."""
+    tokens = a.prompt_tokens + a.output_tokens
+    written = tokens - 1
+    frames = cdiv(written, block_size)
+    return (
+        f"  KV cache at its fullest: {frames} frames for the conversation's {tokens}"
+        f" tokens ({written} written, the last one's K and V come next turn),"
+        f" utilization {written / (frames * block_size):.1%}"
+    )
 
 
 def page_table_text(session: Session, per_row: int = 10) -> str:
