@@ -13,7 +13,7 @@
 #                          bench-sharing, bench-serve, bench-kernel (GPU), and the paper's:
 #                          bench-fragmentation, bench-chunked, bench-latency, bench-calibrate; and the
 #                          series: bench-speculative, -replacement, -thrashing, -scheduling, -drum, -kv-dtype,
-#                          -structured; ARGS="--json"
+#                          -structured, -route (replicas behind vllm-router, installed on first use); ARGS="--json"
 # To type the commands of the README and docs yourself: make setup, then source .venv/bin/activate
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +23,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 BENCHMARKS := decode projections memory throughput sharing serve kernel fragmentation chunked latency calibrate \
-              speculative replacement thrashing scheduling drum kv-dtype structured
+              speculative replacement thrashing scheduling drum kv-dtype structured route
 
 .PHONY: setup chat serve browser clang format lint test test-fast notebook notebooks lab lab-check bench $(addprefix bench-,$(BENCHMARKS)) clean
 
@@ -47,6 +47,12 @@ $(TEST_STAMP): $(STAMP)
 	@echo "== installing the test tools: pytest, hypothesis, ruff, Jupyter's notebook runner, Playwright,"
 	@echo "   schemathesis, and NVRTC where NVIDIA ships it (about 70 more packages, a 180 MB download; one or two minutes)"
 	$(PY) -m pip install -e '.[dev]'
+	@touch $@
+
+# bench-route's router and the replicas' KV events: the `router` and `kv-events` extras
+$(VENV)/.installed-router: $(STAMP)
+	@echo "== installing vllm-router from PyPI (its wheels are built for Linux only) and the KV events' wire: pyzmq, msgpack"
+	$(PY) -m pip install -e '.[router,kv-events]'
 	@touch $@
 
 $(VENV)/.installed-notebook: $(STAMP)
@@ -132,6 +138,8 @@ bench: $(STAMP)
 
 $(addprefix bench-,$(BENCHMARKS)): bench-%: $(STAMP)
 	$(PY) -m minipaged.bench $* $(ARGS)
+
+bench-route: $(VENV)/.installed-router
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

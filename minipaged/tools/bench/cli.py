@@ -23,6 +23,7 @@ from minipaged.tools.bench import (
     paper,
     projections,
     replacement,
+    route,
     scheduling,
     serve,
     sharing,
@@ -212,6 +213,17 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             " managers alone)"
         ),
         "about 30 s",
+    ),
+    "route": (
+        route.bench_route,
+        route.add_arguments,
+        (
+            "replicas behind a router on one machine (vllm-router from PyPI):"
+            " prefix-cache hit rate, prompt tokens computed, TTFT of first and later"
+            " turns and users per replica, per routing policy, on a conversation"
+            " workload"
+        ),
+        "about 6 min on 2 cores",
     ),
     "calibrate": (
         latency.bench_calibrate,
