@@ -9,6 +9,7 @@ FILE).
 from __future__ import annotations
 
 import numpy as np
+from tqdm import tqdm
 
 from minipaged.llm import number
 from minipaged.tools.bench.common import (
@@ -132,7 +133,9 @@ def bench_chunked(args) -> dict:
                 f"--prompt-len {args.prompt_len} does not fit this model's context"
                 f" here, {llm.max_model_len} tokens (one token must be generated)"
             )
-        result[name] = decode_tpot(llm, args.decodes, args.prompts, args.prompt_len)
+        result[name] = decode_tpot(
+            llm, args.decodes, args.prompts, args.prompt_len, desc=f"chunked: {name}"
+        )
     if not args.json:
         for name, r in result.items():
             print(
@@ -144,7 +147,11 @@ def bench_chunked(args) -> dict:
     return result
 
 
-def decode_tpot(llm, num_decodes: int, num_prompts: int, prompt_len: int) -> dict:
+def decode_tpot(
+    llm, num_decodes: int, num_prompts: int, prompt_len: int, desc: str | None = None
+) -> dict:
+    """The decoding requests' time per output token, a long prompt arriving every 40
+    steps; a progress bar titled `desc` (none without) counts their decode steps."""
     from minipaged.sampling import SamplingParams
 
     engine, vocab = llm.engine, llm.model.config.vocab_size
@@ -159,6 +166,10 @@ def decode_tpot(llm, num_decodes: int, num_prompts: int, prompt_len: int) -> dic
     ):
         engine.add_request(f"decode-{i}", {"prompt_token_ids": ids}, long_answer)
     gaps, step, arrived = [], 0, 0
+    # a decode step per token of the answers but the first, which their prefill gives
+    bar = tqdm(
+        total=long_answer.max_tokens - 1, desc=desc, unit="step", disable=desc is None
+    )
     while engine.has_unfinished_requests():
         if step % 40 == 20 and arrived < num_prompts:
             engine.add_request(
@@ -174,7 +185,9 @@ def decode_tpot(llm, num_decodes: int, num_prompts: int, prompt_len: int) -> dic
         ):
             # every decoding request waited this step for its token
             gaps.append(report.seconds)
+            bar.update()
         step += 1
+    bar.close()
     gaps = np.array(gaps)
     return {
         "tpot_p50": float(np.percentile(gaps, 50)),

@@ -14,6 +14,8 @@ from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 
+from tqdm import tqdm
+
 from minipaged.llm import number
 from minipaged.paging import REPLACEMENT_POLICIES, BlockManager, block_hash, make_policy
 from minipaged.tools.bench.workload import ChatTurn, chat_trace
@@ -308,16 +310,30 @@ def sweep(
     block_size: int,
     concurrency: int,
     policies=POLICY_NAMES + ("min",),
+    desc: str | None = None,
 ) -> dict:
-    """Hit rate and prefill tokens saved of each policy at each pool size."""
+    """Hit rate and prefill tokens saved of each policy at each pool size; a progress
+    bar titled `desc` (none without) counts the replays."""
     out = {}
+    # a replay of the whole trace per policy and pool: a minute and more at the defaults
+    bar = tqdm(
+        total=len(policies) * len(pools),
+        desc=desc,
+        unit="replay",
+        disable=desc is None,
+    )
     for name in policies:
-        runs = [replay(trace, n, block_size, name, concurrency) for n in pools]
+        runs = []
+        for n in pools:
+            bar.set_postfix_str(f"{name}, {n} frames")
+            runs.append(replay(trace, n, block_size, name, concurrency))
+            bar.update()
         out[name] = {
             "hit_rate": [r.hit_rate for r in runs],
             "saved_tokens": [r.saved_tokens for r in runs],
             "hits": [r.hits for r in runs],
         }
+    bar.close()
     return out
 
 
@@ -341,7 +357,10 @@ def anomaly_report(curves: dict, pools: list[int], seeds: int) -> dict:
     traces where one more frame hits less, and the pools of this sweep where a bigger
     one hit less.
     """
-    searched = {name: anomalies(name, seeds) for name in curves}
+    searched = {
+        name: anomalies(name, seeds)
+        for name in tqdm(curves, desc="Belady's anomaly, searched", unit="policy")
+    }
     on_sweep = {
         name: [
             {
@@ -385,7 +404,7 @@ def bench_replacement(args) -> dict:
     floor = min_pool(trace, args.block_size, args.concurrency)
     top = no_eviction_pool(trace, args.block_size, args.concurrency)
     pools = pool_sizes(floor, top, args.points)
-    curves = sweep(trace, pools, args.block_size, args.concurrency)
+    curves = sweep(trace, pools, args.block_size, args.concurrency, desc="replacement")
     looked_up = lookups(trace, args.block_size)
     bound = {
         name: all(h <= m for h, m in zip(c["hits"], curves["min"]["hits"]))
