@@ -76,10 +76,11 @@ REHEARSALS = {
     r"make (setup|notebooks?|test)": "checked: make -n (installs, or runs for minutes)",
     r'echo "[^"]+" \| make chat': "run: the chat's pipe",
     r'make serve ARGS="[^"]*"': "run: the room, the static demo; parsed elsewhere",
-    r"\.venv/bin/pip install -e '\.\[\w+\]'": "checked: the extra exists",
+    r"(\.venv/bin/)?pip install .*": "checked: an extra it names exists",
     r"(\w+=\S+ )?bash scripts/[\w.]+\.sh": "checked: bash -n (needs a GPU)",
     r"(\S*/)?vllm-router .*": "checked: each option in vllm-router --help",
     r"(\S*python )?-m minipaged\.\w+ .*|python -m minipaged\.\w+ .*": "checked: parsed",
+    r"curl .*": "checked: the shell reads it (the room's curl of the prose is run)",
 }
 
 
