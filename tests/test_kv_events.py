@@ -33,28 +33,31 @@ class Recorder:
     def __init__(self):
         self.events: list[tuple] = []
 
-    def stored(self, block, parent, token_ids):
-        self.events.append(("stored", block, parent, tuple(token_ids)))
+    def stored(self, block, parent, token_ids, medium="GPU"):
+        self.events.append(("stored", block, parent, tuple(token_ids), medium))
 
-    def removed(self, block):
-        self.events.append(("removed", block))
+    def removed(self, block, medium="GPU"):
+        self.events.append(("removed", block, medium))
 
     def cleared(self):
         self.events.append(("cleared",))
 
 
-def replay(events, names=None) -> set[int]:
-    """The set of cached block hashes that a directory builds from the events alone."""
-    names = set() if names is None else names
+def replay(events, medium: str = "GPU") -> set[int]:
+    """The names of the blocks held in `medium` ("GPU": the pool, "CPU": the tier), as
+    a directory builds them from the events alone."""
+    names = set()
     for event in events:
-        if event[0] == "stored":
+        if event[0] == "cleared":
+            names.clear()
+        elif event[-1] != medium:
+            continue
+        elif event[0] == "stored":
             assert event[1] not in names, f"block {event[1]} stored twice"
             names.add(event[1])
-        elif event[0] == "removed":
+        else:
             assert event[1] in names, f"block {event[1]} removed but never stored"
             names.discard(event[1])
-        else:
-            names.clear()
     return names
 
 
@@ -94,7 +97,7 @@ def test_reset_drops_the_parked_blocks_and_keeps_the_mapped_ones():
     manager.free("a")  # [3, 4] is parked; [1, 2] is still mapped by b
     parked = router_hashes([1, 2, 3, 4], 2)[1]
     assert manager.reset_prefix_cache() == 1
-    assert recorder.events[-1] == ("removed", parked)
+    assert recorder.events[-1] == ("removed", parked, "GPU")
     assert manager.cached_frames([1, 2, 3, 4, 0]) == manager.block_table("b")[:1]
     assert manager.num_free_frames == 5
     assert cached_names(manager) == replay(recorder.events)
@@ -129,11 +132,14 @@ def test_blocks_named_but_never_computed_are_removed_again():
     manager.allocate("a", [1, 2, 3, 4, 5, 6, 7])  # names [1, 2], [3, 4], [5, 6]
     manager.free("a", num_computed=3)  # aborted after its first chunk
     names = router_hashes([1, 2, 3, 4, 5, 6], 2)
-    assert recorder.events[-2:] == [("removed", names[1]), ("removed", names[2])]
+    assert recorder.events[-2:] == [
+        ("removed", names[1], "GPU"),
+        ("removed", names[2], "GPU"),
+    ]
     assert replay(recorder.events) == cached_names(manager) == {names[0]}
     manager.allocate("b", [1, 2, 3, 4, 9])
     manager.rollback("b", 3)  # a rolled-back guess cuts [3, 4] short
-    assert recorder.events[-1] == ("removed", names[1])
+    assert recorder.events[-1] == ("removed", names[1], "GPU")
     assert replay(recorder.events) == cached_names(manager)
 
 
@@ -207,25 +213,29 @@ def chains(events, block_size: int) -> list[tuple]:
             parent = event["parent_block_hash"]
             for i, name in enumerate(event["block_hashes"]):
                 tokens = event["token_ids"][i * block_size : (i + 1) * block_size]
-                calls.append(("stored", name, parent, tuple(tokens)))
+                calls.append(("stored", name, parent, tuple(tokens), event["medium"]))
                 parent = name
         elif event["type"] == "BlockRemoved":
-            calls += [("removed", name) for name in event["block_hashes"]]
+            medium = event["medium"]
+            calls += [("removed", name, medium) for name in event["block_hashes"]]
         else:
             calls.append(("cleared",))
     return calls
 
 
 def check_against_cache(manager: BlockManager, events) -> None:
-    """The set of names replayed from the events is the cache's own, and each name's
-    parent and tokens (from its BlockStored) are what its frame holds."""
-    cache = manager.device.prefix_cache
-    names = replay(events)
-    assert names == set(cache.frame_of)
-    told = {e[1]: (e[2], e[3]) for e in events if e[0] == "stored"}
-    assert {name: told[name] for name in names} == {
-        block_hash(*key): key for key in cache.key_of.values()
-    }
+    """The names replayed from the events are the pool's own (medium GPU) and the
+    tier's (CPU), and each name's parent and tokens (from its last BlockStored) are
+    what its frame holds."""
+    held = {"GPU": manager.device.prefix_cache.key_of}
+    held["CPU"] = manager.tier.key_of if manager.tier is not None else {}
+    for medium, key_of in held.items():
+        names = replay(events, medium)
+        assert names == {block_hash(*key) for key in key_of.values()}, medium
+        told = {e[1]: (e[2], e[3]) for e in events if e[0] == "stored"}
+        assert {name: told[name] for name in names} == {
+            block_hash(*key): key for key in key_of.values()
+        }
 
 
 @pytest.mark.parametrize(
@@ -249,8 +259,14 @@ def test_replaying_the_events_rebuilds_the_cached_blocks_after_every_step(llm, o
         check_against_cache(engine.blocks, recorder.events)
 
     seen = random_run(engine, seed=1, steps=160, after_step=after_step)
-    kinds = {e[0] for e in recorder.events}
-    assert kinds == {"stored", "removed", "cleared"}, kinds
+    kinds = {(e[0], e[-1]) for e in recorder.events}
+    pool = {("stored", "GPU"), ("removed", "GPU")}
+    # a reset keeps the tier's blocks (as vLLM's keeps its offloaded ones), so with a
+    # tier the cache is never empty again; without one, an idle reset empties it
+    if "kv_offload_frames" in options:
+        assert kinds == pool | {("stored", "CPU"), ("removed", "CPU")}, kinds
+    else:
+        assert kinds == pool | {("cleared", "cleared")}, kinds
     assert seen["preempted"] and seen["resets"] and seen["aborts"], seen
     assert any(e[0] == "removed" for e in recorder.events[:50]), "no early eviction"
 
@@ -411,27 +427,36 @@ def test_events_off_publish_nothing_and_a_missing_wire_says_how_to_install(
 
 def test_a_chain_travels_as_one_event_and_numpy_ids_become_ints():
     raw = [
-        ("stored", 11, None, (np.int64(3), 4)),
-        ("stored", 12, 11, (5, np.int32(6))),  # continues the chain: same event
-        ("stored", 13, 11, (7, 8)),  # a sibling of 12: a new event
-        ("removed", 12),
-        ("removed", 13),
+        ("stored", 11, None, (np.int64(3), 4), "GPU"),
+        ("stored", 12, 11, (5, np.int32(6)), "GPU"),  # continues the chain: one event
+        ("stored", 13, 11, (7, 8), "GPU"),  # a sibling of 12: a new event
+        ("stored", 14, 13, (9, 9), "CPU"),  # in the tier: a new event
+        ("removed", 12, "GPU"),
+        ("removed", 13, "GPU"),
+        ("removed", 14, "CPU"),
         ("cleared",),
     ]
     events = kv_events.batch_of(raw, block_size=2)
-    common = {"block_size": 2, "lora_id": None, "medium": "GPU", "lora_name": None}
+    common = {"block_size": 2, "lora_id": None, "lora_name": None}
     assert events == [
         {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None}
-        | {"token_ids": [3, 4, 5, 6]}
+        | {"token_ids": [3, 4, 5, 6], "medium": "GPU"}
         | common,
         {"type": "BlockStored", "block_hashes": [13], "parent_block_hash": 11}
-        | {"token_ids": [7, 8]}
+        | {"token_ids": [7, 8], "medium": "GPU"}
+        | common,
+        {"type": "BlockStored", "block_hashes": [14], "parent_block_hash": 13}
+        | {"token_ids": [9, 9], "medium": "CPU"}
         | common,
         {"type": "BlockRemoved", "block_hashes": [12, 13], "medium": "GPU"},
+        {"type": "BlockRemoved", "block_hashes": [14], "medium": "CPU"},
         {"type": "AllBlocksCleared"},
     ]
     assert msgpack.unpackb(msgpack.packb(events)) == events
     assert chains(events, 2) == raw  # a subscriber reads back what the cache said
+    # a listener's calls without a medium are the pool's
+    pool = kv_events.batch_of([("stored", 11, None, (3, 4)), ("removed", 11)], 2)
+    assert [event["medium"] for event in pool] == ["GPU", "GPU"]
 
 
 def test_a_taken_port_is_refused_with_what_to_do():

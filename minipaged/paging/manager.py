@@ -439,8 +439,9 @@ class BlockManager:
         return len(frames)
 
     def add_cache_listener(self, listener) -> None:
-        """Tell `listener` each prefix-cache event of the device pool: stored(block,
-        parent, token_ids), removed(block), cleared() (see PrefixCache.listeners)."""
+        """Tell `listener` each prefix-cache event, of the pool and of the tier behind
+        it: stored(block, parent, token_ids, medium=POOL), removed(block, medium=POOL),
+        cleared() (see PrefixCache.listeners)."""
         cache = self.device.prefix_cache
         if cache is None:
             raise ValueError(
@@ -460,6 +461,8 @@ class BlockManager:
                 " enable_prefix_caching=True"
             )
         self.tier = self.device.prefix_cache.tier = Drum(num_frames)
+        # one list: a listener added before or after hears the tier too
+        self.tier.listeners = self.device.prefix_cache.listeners
 
     @property
     def num_tier_frames(self) -> int:

@@ -18,6 +18,10 @@ import numpy as np
 
 from minipaged.paging.replacement import make_policy
 
+# where a block is, in vLLM's KV events: the pool, on any device (a tier names its own,
+# the Drum's medium)
+POOL = "GPU"
+
 
 def block_hash(prev_hash: int | None, token_ids) -> int:
     """The name of a full block: its tokens chained to everything before it. The hash
@@ -54,8 +58,9 @@ class PrefixCache:
         # a Drum (paging.tier) keeping evicted blocks, or None: they are forgotten
         self.tier = None
         # told stored(block, parent, token_ids) when a block is named, removed(block)
-        # when it is dropped, cleared() when nothing stays cached: vLLM's KV events
-        # (tools/serve/kv_events.py publishes them to a router)
+        # when it is dropped, cleared() when nothing stays cached in the pool or the
+        # tier: vLLM's KV events (tools/serve/kv_events.py publishes them to a router).
+        # The tier tells the same listeners, adding medium= its name (POOL if not told)
         self.listeners: list = []
 
     def lookup(self, prev_hash: int | None, token_ids) -> int | None:
@@ -117,15 +122,16 @@ class PrefixCache:
         h = block_hash(*key)
         del self.frame_of[h]
         self._tell("left", frame)
-        self._announce("removed", h)  # from the pool, even when the tier keeps it
+        self._announce("removed", h)  # from the pool, even when the tier keeps a copy
         if self.tier is not None:
             self.tier.store(frame, key)
         return frame
 
     def drop_parked(self) -> list[int]:
         """Forget the block of every parked frame (a reset) and return those frames,
-        free now. Blocks that sequences map stay cached: listeners hear removed() for
-        each block dropped, or cleared() when no block stays cached."""
+        free now. Blocks that sequences map stay cached, and the tier keeps its own:
+        listeners hear removed() for each block dropped, or cleared() when no block
+        stays, in the pool or the tier."""
         frames = list(self.evictable)
         dropped = []
         for frame in frames:
@@ -134,7 +140,7 @@ class PrefixCache:
             self._tell("left", frame)
             dropped.append(h)
         self.evictable.clear()
-        if not self.frame_of:
+        if not self.frame_of and not (self.tier is not None and self.tier.num_used):
             self._announce("cleared")
             return frames
         for h in dropped:

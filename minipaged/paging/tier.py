@@ -28,6 +28,8 @@ class Drum:
     nothing is copied. The copies decided wait in `moves`, in order, until the engine
     takes them for the next step's MemoryMoves."""
 
+    medium = "CPU"  # vLLM's name for where offloaded blocks wait (its KV events)
+
     def __init__(self, num_frames: int):
         self.num_frames = check_size("kv_offload_frames", num_frames, minimum=1)
         self.free_frames: deque[int] = deque(range(self.num_frames))
@@ -38,6 +40,9 @@ class Drum:
         self.pinned: set[int] = set()  # tier frames a prompt is loading: kept
         # blocks copied in, copied back, dropped
         self.stores = self.loads = self.evictions = 0
+        # the prefix cache's listeners (BlockManager.add_tier shares its list), told
+        # stored(..., medium=) and removed(..., medium=) of the blocks here
+        self.listeners: list = []
 
     @property
     def num_used(self) -> int:
@@ -70,11 +75,14 @@ class Drum:
             tier_frame = next((f for f in self.key_of if f not in self.pinned), None)
             if tier_frame is None:
                 return
-            del self.frame_of[block_hash(*self.key_of.pop(tier_frame))]
+            dropped = block_hash(*self.key_of.pop(tier_frame))
+            del self.frame_of[dropped]
             self.evictions += 1
+            self._announce("removed", dropped, medium=self.medium)
         self.frame_of[h], self.key_of[tier_frame] = tier_frame, key
         self.moves.append(("store", frame, tier_frame))
         self.stores += 1
+        self._announce("stored", h, key[0], key[1], medium=self.medium)
 
     def load(self, tier_frame: int, frame: int) -> None:
         """A prompt hit this tier frame: copy its K and V into device `frame`, newly
@@ -82,6 +90,10 @@ class Drum:
         pool now, and its place is renewed when the pool gives it up again."""
         self.moves.append(("load", tier_frame, frame))
         self.loads += 1
+
+    def _announce(self, event: str, *args, medium: str) -> None:
+        for listener in self.listeners:
+            getattr(listener, event)(*args, medium=medium)
 
     def take_moves(self) -> list[TierMove]:
         """The copies decided since the last call, in order; the list starts again

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from minipaged.paging.prefix_cache import POOL
+
 # Replicas behind vllm-router 0.1.17's kv_aware policy, on one machine (the wire needs
 # `pip install 'minipaged[kv-events]'`; tried as written):
 #
@@ -52,13 +54,15 @@ from fastapi import Request
 # events, data_parallel_rank] and each event a map tagged by "type" (msgspec's tag=True,
 # omit_defaults): BlockStored {block_hashes, parent_block_hash, token_ids, block_size,
 # lora_id, medium, lora_name}, BlockRemoved {block_hashes, medium}, AllBlocksCleared {}.
-# Consecutive blocks of one chain travel as one BlockStored. A hash is
-# prefix_cache.block_hash: anyone can compute it from token ids (sha256, no seed). The
-# replay socket (ROUTER) answers [b"", first sequence number as 8 bytes] with each kept
-# batch from there as [sequence number, payload], then [-1, b""].
+# The medium is "GPU" for the pool and "CPU" for the tier behind it
+# (--kv-offload-frames): vllm-router credits a block in the tier at --kv-penalty-host
+# (0.8) of one in the pool, as tried. Consecutive blocks of one chain in one medium
+# travel as one BlockStored. A hash is prefix_cache.block_hash: anyone can compute it
+# from token ids (sha256, no seed). The replay socket (ROUTER) answers [b"", first
+# sequence number as 8 bytes] with each kept batch from there as [sequence number,
+# payload], then [-1, b""].
 
 LOG = logging.getLogger("minipaged.serve")
-MEDIUM = "GPU"  # vLLM's name for the pool (a block evicted to the tier leaves it too)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay's last reply
 MAX_BATCH = 1024  # events in one batch at most
 INSTALL = "pip install 'minipaged[kv-events]'"
@@ -150,29 +154,36 @@ def wire():
 
 
 def batch_of(raw: list[tuple], block_size: int) -> list[dict]:
-    """vLLM's events for the prefix cache's calls, in order: consecutive blocks of one
-    chain become one BlockStored, consecutive removals one BlockRemoved."""
+    """vLLM's events for the listener's calls (as tuples: the call's name, then its
+    arguments, the medium last or left out for POOL), in order: consecutive blocks of
+    one chain in one medium become one BlockStored, consecutive removals one
+    BlockRemoved."""
     events: list[dict] = []
     for kind, *args in raw:
-        last = events[-1] if events else {"type": None}
+        last = events[-1] if events else {"type": None, "medium": None}
         if kind == "stored":
-            block, parent, token_ids = args
-            if last["type"] == "BlockStored" and last["block_hashes"][-1] == parent:
+            block, parent, token_ids = args[:3]
+            medium = args[3] if len(args) > 3 else POOL
+            chained = last["type"] == "BlockStored" and last["medium"] == medium
+            if chained and last["block_hashes"][-1] == parent:
                 last["block_hashes"].append(block)
                 last["token_ids"].extend(int(t) for t in token_ids)
             else:
-                events.append(stored_event([block], parent, token_ids, block_size))
+                event = stored_event([block], parent, token_ids, block_size, medium)
+                events.append(event)
         elif kind == "removed":
-            if last["type"] == "BlockRemoved":
-                last["block_hashes"].append(args[0])
+            block = args[0]
+            medium = args[1] if len(args) > 1 else POOL
+            if last["type"] == "BlockRemoved" and last["medium"] == medium:
+                last["block_hashes"].append(block)
             else:
-                events.append(removed_event([args[0]]))
+                events.append(removed_event([block], medium))
         else:
             events.append({"type": "AllBlocksCleared"})
     return events
 
 
-def stored_event(block_hashes, parent, token_ids, block_size: int) -> dict:
+def stored_event(block_hashes, parent, token_ids, block_size: int, medium) -> dict:
     """BlockStored as msgspec writes it: the tag, then every field without a default
     (the ones with a default, None here, are left out: omit_defaults)."""
     return {
@@ -182,13 +193,13 @@ def stored_event(block_hashes, parent, token_ids, block_size: int) -> dict:
         "token_ids": [int(t) for t in token_ids],  # numpy ints are not msgpack's
         "block_size": block_size,
         "lora_id": None,
-        "medium": MEDIUM,
+        "medium": medium,
         "lora_name": None,
     }
 
 
-def removed_event(block_hashes) -> dict:
-    return {"type": "BlockRemoved", "block_hashes": block_hashes, "medium": MEDIUM}
+def removed_event(block_hashes, medium) -> dict:
+    return {"type": "BlockRemoved", "block_hashes": block_hashes, "medium": medium}
 
 
 class KVEventPublisher:
@@ -223,11 +234,11 @@ class KVEventPublisher:
         self.thread.start()
 
     # ---- the prefix cache's listener (called on the engine thread) -------------------
-    def stored(self, block: int, parent: int | None, token_ids) -> None:
-        self._put(("stored", block, parent, token_ids))
+    def stored(self, block: int, parent: int | None, token_ids, medium=POOL) -> None:
+        self._put(("stored", block, parent, token_ids, medium))
 
-    def removed(self, block: int) -> None:
-        self._put(("removed", block))
+    def removed(self, block: int, medium=POOL) -> None:
+        self._put(("removed", block, medium))
 
     def cleared(self) -> None:
         self._put(("cleared",))
