@@ -223,6 +223,22 @@ def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
     assert slow.now == 7
 
 
+def test_held_cores_keep_one_thread_whatever_the_load_then_follow_it_again(
+    monkeypatch, blas_threads
+):
+    """`bench kv-dtype`'s answers must not follow the machine's load: OpenBLAS's GEMM
+    rounds differently on 1 and 2 threads (held_cores says why)."""
+    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=0.0))
+    monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples: 0)  # a quiet machine
+    assert cpu.follow_machine_load() == 2 and blas_threads() == {2}
+    with cpu.held_cores(1):
+        assert [cpu.follow_machine_load() for _ in range(3)] == [1, 1, 1]
+        assert blas_threads() == {1}
+    assert cpu.follow_machine_load() == 2 and blas_threads() == {2}
+
+
 def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
     """The load is followed between steps (Model.follow_machine_load), not inside
     forward: forwards alone never look at the machine; a step each looks at /proc once

@@ -7,7 +7,9 @@ minipaged.backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
 import statistics
 import time
@@ -137,6 +139,24 @@ def follow_machine_load() -> int:
     forward: most calls only read the clock (under 1 us)."""
     _cores.follow()
     return _cores.now
+
+
+@contextlib.contextmanager
+def held_cores(cores: int = 1):
+    """BLAS and the weight panels on `cores` threads until the block ends, whatever the
+    machine's load: for numbers that must not change from run to run. OpenBLAS's GEMM
+    sums in an order that depends on its thread count, so a result's last bits follow
+    the load; an 8-bit KV cache's rounding can turn them into another greedy token in a
+    near tie (`bench kv-dtype` saw 4 to 6 of 10 answers agree from run to run)."""
+    before = (_cores.now, _cores.period)
+    # follow() looks again only after `period` seconds: never, while held
+    _cores.now, _cores.period = cores, math.inf
+    _set_blas_threads(cores)
+    try:
+        yield
+    finally:
+        _cores.now, _cores.period = before
+        _set_blas_threads(_cores.now)
 
 
 def _set_blas_threads(threads: int) -> None:

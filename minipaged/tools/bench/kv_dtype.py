@@ -10,14 +10,22 @@ GB/s beside v5's.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
 from tqdm import tqdm
 
 from minipaged.llm import number
+from minipaged.model.cpu import held_cores
 from minipaged.paging import KV_CACHE_DTYPES, num_blocks_for_memory
-from minipaged.tools.bench.common import OptionError, load, model_arguments
+from minipaged.tools.bench.common import (
+    OptionError,
+    load,
+    model_arguments,
+    random_prompts,
+)
+from minipaged.tools.bench.workload import RequestSpec
 from minipaged.tools.viz import BarChart
 
 # varied on purpose: facts, code, lists, arithmetic, a story, translation, advice
@@ -188,14 +196,10 @@ def decode_speed(engine, vocab: int, batch: int, tokens: int) -> float:
     ids)."""
     from minipaged.sampling import SamplingParams
 
-    rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(
-            f"d{i}",
-            {"prompt_token_ids": rng.integers(100, min(vocab, 10_000), 64).tolist()},
-            params,
-        )
+    prompts = random_prompts([RequestSpec(64, tokens)] * batch, 0, vocab)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"d{i}", {"prompt_token_ids": ids}, params)
     engine.step()  # the prefill, not timed
     start, steps = time.perf_counter(), 0
     while engine.has_unfinished_requests():
@@ -204,17 +208,32 @@ def decode_speed(engine, vocab: int, batch: int, tokens: int) -> float:
     return batch * steps / (time.perf_counter() - start)
 
 
+def load_with_panels(args):
+    """load(args) with a CPU's weights as panels whatever a timing says
+    (MINIPAGED_CPU_PANELS=1; one set by the user is kept): the timing decides between
+    panels and BLAS's GEMM, which round differently, and on a busy machine it goes
+    either way, so the answers would too."""
+    before = os.environ.get("MINIPAGED_CPU_PANELS")
+    os.environ["MINIPAGED_CPU_PANELS"] = before or "1"
+    try:
+        return load(args)
+    finally:
+        if before is None:
+            del os.environ["MINIPAGED_CPU_PANELS"]
+
+
 def bench_kv_dtype(args) -> dict:
     """Frames per GiB (no model needed), then on the model: per dtype, greedy agreement
     with 'auto' per prompt, the fixed text's perplexity, and decode tokens/s."""
     if args.kernel:
         return kernel_lines(verbose=not args.json)
-    llm, threads = load(args)
+    llm, threads = load_with_panels(args)
     report = {
         "model": llm.model_name,
         "device": llm.device,
         "model_dtype": str(llm.model.dtype),
         "blas_threads": threads,
+        "answers_blas_threads": 1,
         "frames": frames_per_gib(llm.model.config),
     }
     prompts = [
@@ -223,22 +242,33 @@ def bench_kv_dtype(args) -> dict:
     ]
     text = llm.tokenizer.encode(TEXT)
     runs = {}
-    for dtype in tqdm(
-        ["auto", *args.dtypes], desc="kv_cache_dtype", unit="dtype", disable=args.json
-    ):
+    dtypes = ["auto", *args.dtypes]
+    bar = tqdm(total=3 * len(dtypes), desc="kv-dtype", unit="run", disable=args.json)
+    for dtype in dtypes:
         options = {"kv_cache_dtype": dtype, "num_blocks": 512}
+        # one BLAS thread: the same answers and perplexity from run to run (held_cores
+        # says why); the speed run follows the machine's load, as serving does
+        with held_cores(1):
+            bar.set_postfix_str(f"{dtype}: greedy answers")
+            tokens = greedy_tokens(llm.new_engine(**options), prompts, args.max_tokens)
+            bar.update()
+            bar.set_postfix_str(f"{dtype}: perplexity")
+            text_perplexity = perplexity(llm.new_engine(**options), text)
+            bar.update()
+        bar.set_postfix_str(f"{dtype}: decode speed")
+        speed = decode_speed(
+            llm.new_engine(**options),
+            llm.model.config.vocab_size,
+            args.batch,
+            args.decode_tokens,
+        )
+        bar.update()
         runs[dtype] = {
-            "tokens": greedy_tokens(
-                llm.new_engine(**options), prompts, args.max_tokens
-            ),
-            "perplexity": perplexity(llm.new_engine(**options), text),
-            "decode_tokens_per_s": decode_speed(
-                llm.new_engine(**options),
-                llm.model.config.vocab_size,
-                args.batch,
-                args.decode_tokens,
-            ),
+            "tokens": tokens,
+            "perplexity": text_perplexity,
+            "decode_tokens_per_s": speed,
         }
+    bar.close()
     full = runs["auto"]
     report["runs"] = [
         {
