@@ -62,9 +62,12 @@ class Directory:
     def feed(self, replica: int, events) -> None:
         """Apply `replica`'s KV events in order, each as vLLM's msgpack decodes it: a
         dict with its "type" (BlockStored, BlockRemoved, AllBlocksCleared) and vLLM's
-        fields ("block_hashes", "parent_block_hash", "token_ids", ...) (written for
-        you)."""
+        fields ("block_hashes", "parent_block_hash", "token_ids", "medium", ...). The
+        directory keeps the pools: a block in a replica's tier (medium "CPU") is left
+        out (written for you)."""
         for event in events:
+            if event.get("medium", "GPU") != "GPU":
+                continue  # a block in the replica's tier, not in its pool
             kind = event["type"]
             if kind == "BlockStored":
                 hashes = event["block_hashes"]

@@ -34,11 +34,13 @@ class Counting(Directory):
         super().removed(replica, block_hashes)
 
 
-def test_the_directory_answers_as_each_replicas_prefix_cache(llm):
+@pytest.mark.parametrize("tier", [0, 16])
+def test_the_directory_answers_as_each_replicas_prefix_cache(llm, tier):
     """A pool of 14 frames per replica: blocks are evicted (BlockRemoved), and replica 1
     is reset halfway (its parked blocks dropped); before every decision, the directory's
-    matches are what each replica's prefix cache holds."""
-    cluster = Cluster(llm, num_blocks=14, max_num_seqs=2)
+    matches are what each replica's prefix cache holds. With a tier behind each pool,
+    its events (medium CPU) are left out: the directory keeps the pools."""
+    cluster = Cluster(llm, num_blocks=14, max_num_seqs=2, kv_offload_frames=tier)
     directory = Counting(3, cluster.block_size)
     asked, reset = [], []
 

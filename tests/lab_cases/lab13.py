@@ -62,6 +62,8 @@ class Directory:
 
     def feed(self, replica, events):
         for event in events:
+            if event.get("medium", "GPU") != "GPU":
+                continue  # a block in the replica's tier, not in its pool
             kind = event["type"]
             if kind == "BlockStored":
                 parent = event["parent_block_hash"]

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minipaged.paging.prefix_cache import POOL
 from minipaged.sampling import SamplingParams
 from minipaged.tools.lab.engine_run import MAX_STEPS, QUESTIONS, SYSTEM
 from minipaged.tools.lab.grading import Failed, Property, in_one_line, time_limit
@@ -109,9 +110,12 @@ class Directory:
     def feed(self, replica: int, events) -> None:
         """Apply `replica`'s KV events in order, each as vLLM's msgpack decodes it: a
         dict with its "type" (BlockStored, BlockRemoved, AllBlocksCleared) and vLLM's
-        fields ("block_hashes", "parent_block_hash", "token_ids", ...) (written for
-        you)."""
+        fields ("block_hashes", "parent_block_hash", "token_ids", "medium", ...). The
+        directory keeps the pools: a block in a replica's tier (medium "CPU") is left
+        out (written for you)."""
         for event in events:
+            if event.get("medium", "GPU") != "GPU":
+                continue  # a block in the replica's tier, not in its pool
             kind = event["type"]
             if kind == "BlockStored":
                 hashes = event["block_hashes"]
@@ -755,16 +759,18 @@ class Recorder:
         self.block_size = block_size
         self.raw: list[tuple] = []
 
-    def stored(self, block: int, parent: int | None, token_ids) -> None:
-        self.raw.append(("stored", block, parent, tuple(token_ids)))
+    def stored(
+        self, block: int, parent: int | None, token_ids, medium: str = POOL
+    ) -> None:
+        self.raw.append(("stored", block, parent, tuple(token_ids), medium))
 
-    def removed(self, block: int) -> None:
-        self.raw.append(("removed", block))
+    def removed(self, block: int, medium: str = POOL) -> None:
+        self.raw.append(("removed", block, medium))
 
     def cleared(self) -> None:
         self.raw.append(("cleared",))
 
-    def take(self) -> list[list]:
+    def take(self) -> list[dict]:
         """The events since the last take, as vLLM's KV events (one BlockStored per run
         of a chain), and gone from here."""
         raw = self.raw
