@@ -54,7 +54,7 @@ def bench_fragmentation(args) -> dict:
     """One ShareGPT-like trace through each allocator (Orca's max / pow2 / oracle
     chunks, and paging) with the real scheduler (minipaged.simulate): where the KV slots
     are while requests wait: token states, reserved, internal, external."""
-    result = fragmentation(args.requests, args.block_size)
+    result = fragmentation(args.requests, args.block_size, desc="fragmentation")
     show(args, fragmentation_chart(result), fragmentation_table(result))
     return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from minipaged.llm import number
 from minipaged.tools.bench.common import OptionError, load, model_arguments
@@ -94,7 +95,7 @@ def bench_projections(args) -> dict:
     }
     rng = np.random.default_rng(0)
     rows_out = []
-    for rows in args.rows:
+    for rows in tqdm(args.rows, desc="projections", unit="row count"):
         xs = {
             n: rng.standard_normal((rows, n)).astype(model.dtype)
             for n in {w.shape[0] for w in weights}

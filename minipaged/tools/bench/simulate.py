@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from minipaged.backend import cdiv
 from minipaged.paging import make_block_manager
@@ -337,13 +338,17 @@ def simulate(
 
 
 def fragmentation(
-    num_requests: int = 1000, block_size: int = 16, seed: int = 0
+    num_requests: int = 1000,
+    block_size: int = 16,
+    seed: int = 0,
+    desc: str | None = None,
 ) -> dict:
     """The paper's Figure 2: the ShareGPT-like trace, all arriving at once, through each
     allocator with continuous batching on the opt-13b-a100 KV budget; shares of KV
-    slots.
+    slots. A progress bar titled `desc` (none without) counts the allocators.
     """
     trace = [Arrival(0.0, s) for s in trace_specs("sharegpt", num_requests, seed=seed)]
+    systems = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged")
     return {
         system: (
             simulate(
@@ -354,12 +359,7 @@ def fragmentation(
                 block_size=block_size if system == "paged" else 1,
             ).shares()
         )
-        for system in (
-            "contiguous-max",
-            "contiguous-pow2",
-            "contiguous-oracle",
-            "paged",
-        )
+        for system in tqdm(systems, desc=desc, unit="allocator", disable=desc is None)
     }
 
 
