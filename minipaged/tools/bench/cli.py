@@ -22,6 +22,7 @@ from minipaged.tools.bench import (
     memory,
     paper,
     projections,
+    race,
     replacement,
     route,
     scheduling,
@@ -224,6 +225,16 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             " workload"
         ),
         "about 6 min on 2 cores",
+    ),
+    "race": (
+        race.bench_race,
+        race.add_arguments,
+        (
+            "OpenAI-compatible servers (minipaged, vllm serve, ...) one at a time on"
+            " the same random workload: output tokens/s, TTFT and TPOT p50/p99 and the"
+            " CPU time per output token of each server's process tree, per concurrency"
+        ),
+        "about 2 min per server and concurrency 16 on 2 cores",
     ),
     "calibrate": (
         latency.bench_calibrate,

@@ -221,20 +221,32 @@ def start_server(
     )
 
 
-async def send_all(url: str, prompts, max_tokens, arrivals) -> dict:
-    """Every request streamed at its arrival time; per request: ttft, e2e, tpot,
-    tokens."""
+async def send_all(
+    url: str,
+    prompts,
+    max_tokens,
+    arrivals,
+    model: str = "bench",
+    concurrency: int | None = None,
+) -> dict:
+    """Every request streamed at its arrival time, at most `concurrency` in flight
+    (None: no bound) to the served `model`; per request: ttft, e2e, tpot, tokens."""
     import httpx
     import openai
 
     results = [None] * len(prompts)
+    in_flight = asyncio.Semaphore(concurrency or len(prompts))
 
     async def one(client, i):
         await asyncio.sleep(arrivals[i])
+        async with in_flight:
+            await stream_one(client, i)
+
+    async def stream_one(client, i):
         start = time.perf_counter()
         first, tokens = None, 0
         stream = await client.completions.create(
-            model="bench",
+            model=model,
             prompt=prompts[i],
             max_tokens=max_tokens[i],
             temperature=0,
