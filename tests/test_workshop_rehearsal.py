@@ -155,6 +155,25 @@ def test_the_steps_not_run_are_make_targets_extras_and_scripts_that_exist():
     assert minutes in (ROOT / "README.md").read_text(), minutes
 
 
+def test_make_tests_pytest_line_is_one_pytest_accepts_and_names_failures_early():
+    """`make test` on a busy machine once lost two failures' names (a run cut short
+    never reached pytest's summary): its recipe's pytest line prints each failure as it
+    happens (--instafail) and lists them at the end (-rf), and pytest takes every option
+    of it (a collection of one file, here)."""
+    recipe = make("-n", "-o", ".venv/.installed-test", "test").stdout
+    (line,) = [x for x in recipe.splitlines() if " -m pytest " in x]
+    words = shlex.split(line)
+    assert "--instafail" in words and "-rf" in words, line
+    collected = subprocess.run(
+        [*words, "--collect-only", "tests/test_note_numbers.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert collected.returncode == 0, collected.stdout[-2000:] + collected.stderr
+
+
 def test_the_attendees_clone_and_a_script_saved_beside_it(tmp_path):
     """The clone as typed (this repository for <this repository>), then a script of an
     attendee's own in the folder above it: `from minipaged import LLM` finds the
