@@ -297,3 +297,60 @@ def test_the_responses_routes_are_in_the_openapi_schema(url):
     assert body["application/json"]["schema"]["$ref"].endswith("/ResponsesRequest")
     fields = schema["components"]["schemas"]["ResponsesRequest"]["properties"]
     assert {"input", "instructions", "store", "previous_response_id"} <= set(fields)
+
+
+def test_a_forced_call_with_a_text_format_answers_the_call(smol):
+    """instructor's RESPONSES_TOOLS mode sends text.format beside a named tool_choice:
+    the call is the answer, held to the tool's schema."""
+    answer = smol.responses.create(
+        model="smol",
+        input="weather?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        text={
+            "format": {
+                "type": "json_schema",
+                "name": "x",
+                "schema": WEATHER["parameters"],
+            }
+        },
+        max_output_tokens=30,
+    )
+    assert [item.type for item in answer.output] == ["function_call"]
+    assert answer.output[0].name == "get_weather"
+
+
+def test_required_calls_with_tools_that_define_their_own_refs(smol):
+    """vLLM's weather tool keeps an object in its parameters' $defs: under
+    "required" each tool sits inside the list of calls, and its references still
+    resolve."""
+    options = {
+        "type": "object",
+        "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    tools = [
+        {
+            "type": "function",
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {"options": {"$ref": "#/$defs/Options"}},
+                "required": ["options"],
+                "$defs": {"Options": options},
+            },
+        }
+        for name in ("get_weather", "get_forecast")
+    ]
+    answer = smol.responses.create(
+        model="smol",
+        input="weather in Paris?",
+        tools=tools,
+        tool_choice="required",
+        max_output_tokens=80,
+    )
+    calls = [item for item in answer.output if item.type == "function_call"]
+    assert calls and calls[0].name in ("get_weather", "get_forecast")
+    unit = json.loads(calls[0].arguments)["options"]["unit"]
+    assert unit in ("celsius", "fahrenheit")

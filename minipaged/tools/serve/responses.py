@@ -269,7 +269,7 @@ def chat_request(raw: dict, history: list[dict], stream: bool) -> dict:
     if stream:
         chat["stream_options"] = {"include_usage": True}
     fmt = response_format(raw.get("text"))
-    if fmt is not None:
+    if fmt is not None and not forces_a_call(raw):
         chat["response_format"] = fmt
     if raw.get("tools"):
         chat["tools"] = chat_tools(raw["tools"])
@@ -279,6 +279,14 @@ def chat_request(raw: dict, history: list[dict], stream: bool) -> dict:
         chat["logprobs"] = True
         chat["top_logprobs"] = raw.get("top_logprobs") or 0
     return chat
+
+
+def forces_a_call(raw: dict) -> bool:
+    """tool_choice required or named: the answer is a call's arguments, held to its
+    tool's schema, so a text.format has no text to hold (instructor's RESPONSES_TOOLS
+    mode sends both; OpenAI answers the call)."""
+    choice = raw.get("tool_choice")
+    return bool(raw.get("tools")) and (choice == "required" or isinstance(choice, dict))
 
 
 def wants_logprobs(raw: dict) -> bool:

@@ -169,20 +169,25 @@ class ToolPlan:
         if self.mode == "named":
             return StructuredOutputsParams(json=parameters(self.tools[self.name]))
         if self.mode == "required":
-            calls = [
-                {
-                    "type": "object",
-                    "properties": {
-                        "name": {"enum": [name]},
-                        "parameters": parameters(f),
-                    },
-                    "required": ["name", "parameters"],
-                }
-                for name, f in self.tools.items()
-            ]
-            return StructuredOutputsParams(
-                json={"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-            )
+            calls, defs = [], {}
+            for name, f in self.tools.items():
+                schema = parameters(f)
+                for key, value in local_defs(schema).items():
+                    defs[f"{name}__{key}"] = refs_renamed(value, name)
+                calls.append(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"enum": [name]},
+                            "parameters": refs_renamed(schema, name),
+                        },
+                        "required": ["name", "parameters"],
+                    }
+                )
+            held = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            if defs:
+                held["$defs"] = defs
+            return StructuredOutputsParams(json=held)
         return None
 
     def calls(self, text: str) -> list[dict] | None:
@@ -265,6 +270,30 @@ def tools_list(tools) -> list:
                 "tools", f"tools[{i}].function.parameters must be a JSON schema object"
             )
     return list(tools or [])
+
+
+def local_defs(schema: dict) -> dict:
+    """A tool's own definitions ($defs, or the older definitions)."""
+    return {**schema.get("definitions", {}), **schema.get("$defs", {})}
+
+
+def refs_renamed(node, tool: str):
+    """A tool's schema to sit inside the list of calls: "#/$defs/X" is read from the
+    root of the whole schema, so its definitions move there as "{tool}__X" (two tools
+    may each define an X), and its references follow."""
+    if isinstance(node, list):
+        return [refs_renamed(item, tool) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        key: refs_renamed(value, tool)
+        for key, value in node.items()
+        if key not in ("$defs", "definitions")
+    }
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith(("#/$defs/", "#/definitions/")):
+        out["$ref"] = f"#/$defs/{tool}__{ref.rsplit('/', 1)[1]}"
+    return out
 
 
 def parameters(function: dict) -> dict:
