@@ -330,6 +330,14 @@ def test_the_room_as_the_lecturer_and_the_attendees_type_it(capsys):
         answer = names["answer"]
         assert capsys.readouterr().out == answer.choices[0].message.content + "\n"
         assert 1 <= answer.usage.completion_tokens <= 200, answer.usage
+        # "room for about seven 200-token answers at once" in 96 frames of 16
+        text = " ".join(WORKSHOP.read_text().split())
+        about = re.search(r"room for about (\w+) 200-token answers at once", text)
+        frames = -(-(answer.usage.prompt_tokens + 200) // 16)
+        assert abs(96 // frames - NUMBERS[about[1]]) <= 1, (about[0], frames)
+        # "a request without `max_tokens` gets 256 tokens"
+        default = re.search(r"a request without `max_tokens` gets (\d+) tokens", text)
+        assert f"({default[1]} if a chat gives no max_tokens)" in printed, printed
 
         client = OpenAI(base_url=server.url + "/v1", api_key="room42", max_retries=0)
         model = client.models.list().data[0].id
