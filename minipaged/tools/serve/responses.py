@@ -519,7 +519,7 @@ class EventStream:
     """Chat chunks in, the Responses event sequence out: response.created and
     .in_progress, then per output item its added, deltas (output_text.delta, or
     function_call_arguments.delta) and done events, and response.completed with the
-    whole Response."""
+    whole Response (its status incomplete when cut)."""
 
     def __init__(self, raw: dict, response_id: str, model: str):
         self.raw, self.id, self.model = raw, response_id, model
@@ -653,14 +653,11 @@ class EventStream:
                     )
 
     def finish(self):
+        """The last event is response.completed, its response's status "incomplete"
+        when the answer was cut (vLLM's sequence; OpenAI's own API sends
+        response.incomplete then)."""
         yield from self._close()
-        done = self.snapshot()
-        kind = (
-            "response.incomplete"
-            if done["status"] == "incomplete"
-            else "response.completed"
-        )
-        yield self.event(kind, response=done)
+        yield self.event("response.completed", response=self.snapshot())
 
 
 # /openapi.json: the Responses routes, their answers as schemas
