@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -226,23 +227,28 @@ def test_the_chats_pipe_answers_through_make():
 # ---- the room: the lecturer's servers, run as typed ----------------------------------
 
 
-class Server:
-    """`make serve ARGS=...` from the doc, on 127.0.0.1 and a free port, in a process
-    group of its own (make and the server), stopped by its id."""
+URL_PRINTED = r"API \(OpenAI\):\s+(http://127\.0\.0\.1:\d+)/v1"
 
-    def __init__(self, command: str):
-        args = shlex.split(re.fullmatch(r'make serve ARGS="([^"]*)"', command)[1])
-        args = [a for a in args if a != "0.0.0.0"]
-        args = [
-            *[a for a in args if a != "--host"],
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-        ]
+
+def here(args: list[str], port: int = 0) -> list[str]:
+    """A room command's options, on 127.0.0.1 and `port` (0: a free one) instead of the
+    --host and --port it gives."""
+    kept, value = [], False
+    for arg in args:
+        if not value and arg not in ("--host", "--port"):
+            kept.append(arg)
+        value = arg in ("--host", "--port")
+    return [*kept, "--host", "127.0.0.1", "--port", str(port)]
+
+
+class Server:
+    """A command of the doc's, in a process group of its own (make and the server, say),
+    stopped by its id; `url` is the address it prints (the pattern's group)."""
+
+    def __init__(self, argv: list[str], ready: str | None = URL_PRINTED):
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            ["make", *NO_INSTALL, "serve", f"ARGS={shlex.join(args)}"],
+            argv,
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -251,7 +257,7 @@ class Server:
             env={k: v for k, v in os.environ.items() if k != "MINIPAGED_API_KEY"},
         )
         threading.Thread(target=self._read, daemon=True).start()
-        self.url = self._wait_for(r"API \(OpenAI\):\s+(http://127\.0\.0\.1:\d+)/v1")
+        self.url = self._wait_for(ready) if ready else None
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -277,6 +283,12 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def make_serve(command: str) -> Server:
+    """`make serve ARGS=...` from the doc, on 127.0.0.1 and a free port."""
+    args = shlex.split(re.fullmatch(r'make serve ARGS="([^"]*)"', command)[1])
+    return Server(["make", *NO_INSTALL, "serve", f"ARGS={shlex.join(here(args))}"])
 
 
 def serve_commands() -> list[str]:
@@ -319,7 +331,7 @@ def test_the_room_as_the_lecturer_and_the_attendees_type_it(capsys):
     told not to retry, so a 429 would show), and note 16's curl."""
     from openai import OpenAI
 
-    server = Server(serve_commands()[0])
+    server = make_serve(serve_commands()[0])
     try:
         printed = server.printed()
         assert "96 KV frames of 16 tokens" in printed, printed
@@ -385,7 +397,7 @@ def test_the_static_demo_holds_the_requests_the_doc_says():
         text,
     )
     assert said, "docs/workshop.md says what the static server prints"
-    server = Server(static)
+    server = make_serve(static)
     try:
         printed = server.printed()
     finally:
@@ -424,3 +436,76 @@ def test_the_three_laptops_commands_name_options_that_exist():
         elif "-m" in words:
             program = words[words.index("-m") + 1].removeprefix("minipaged.")
             parses(program, words[words.index("-m") + 2 :])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not THREE_LAPTOPS, reason="docs/workshop.md has no Three laptops section"
+)
+@pytest.mark.skipif(
+    not ROUTER.exists(),
+    reason="vllm-router is not installed (make test installs it on Linux)",
+)
+def test_three_laptops_on_one_machine_as_the_section_says(capsys):
+    """The section's replica command three times and its cache_aware router in front,
+    on one machine as its last paragraph says (ports of their own, 127.0.0.1 for
+    LAPTOP1-3); the room's client script through the router, twice, and the section's
+    curl of a replica's prefix-cache metrics."""
+    (replica,) = {c for c in THREE_LAPTOPS if c.endswith("--served-model-name smollm2")}
+    (router,) = [c for c in THREE_LAPTOPS if "--policy cache_aware" in c]
+    words = shlex.split(replica)
+    at = words.index("minipaged.serve") + 1
+    replicas = [Server([*words[:at], *here(words[at:])]) for _ in range(3)]
+    running = list(replicas)
+    try:
+        for i, r in enumerate(replicas, 1):
+            router = router.replace(f"http://LAPTOP{i}:8000", r.url)
+        port = free_port()
+        words = shlex.split(router)
+        running.append(Server([words[0], *here(words[1:], port)], ready=None))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the router waits for every replica
+            try:
+                if curl_status(f"{url}/v1/models", "room42") == "200":
+                    break
+            except subprocess.TimeoutExpired:
+                pass
+            assert running[-1].process.poll() is None, running[-1].printed()
+            time.sleep(1)
+        for _ in range(2):
+            names: dict = {}
+            exec(workshop_script().replace("http://HOST:8000", url), names)
+            answer = names["answer"]
+            assert capsys.readouterr().out == answer.choices[0].message.content + "\n"
+        (metrics,) = re.findall(
+            r"`(curl -s http://LAPTOP1:8000/metrics \| grep prefix_cache_)`",
+            " ".join(WORKSHOP.read_text().split()),
+        )
+        shown = subprocess.run(
+            ["bash", "-c", metrics.replace("http://LAPTOP1:8000", replicas[0].url)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "minipaged:prefix_cache_queries" in shown.stdout, shown.stdout
+    finally:
+        for server in running:
+            server.stop()
+
+
+def curl_status(url: str, key: str) -> str:
+    done = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url]
+        + ["-H", f"Authorization: Bearer {key}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return done.stdout
