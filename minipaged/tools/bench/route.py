@@ -567,7 +567,7 @@ def chart(result: dict) -> BarChart:
     return BarChart(
         f"prompt tokens of {result['users']} users x {result['turns']} turns behind"
         f" {result['router']}, {result['replicas']} replicas: cached, computed",
-        [f"{label} (hit rate {r['hit_rate']:.2f})" for label, r in rows],
+        [f"{label}: hit rate {r['hit_rate']:.2f}" for label, r in rows],
         {
             "from the prefix cache": [r["cached_tokens"] for _, r in rows],
             "computed": [r["computed_tokens"] for _, r in rows],
