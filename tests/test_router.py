@@ -1,9 +1,10 @@
 """Two minipaged replicas behind vllm-router (from PyPI), as `bench route` builds them:
 every request kind routed under four policies with no 404 in the router's calls to a
 replica, kv_aware sending a returning conversation to the replica that holds its blocks,
-and the cluster's failures (a replica killed mid-stream, a cold replica, the prefix
-cache reset under load) as a client sees them. A tiny random model; every wait bounded;
-every process stopped by its PID.
+bench route's figures (cache_aware at the one-replica ceiling), and the cluster's
+failures (a replica killed mid-stream, a cold replica, the prefix cache reset under
+load) as a client sees them. A tiny random model; every wait bounded; every process
+stopped by its PID.
 """
 
 import asyncio
@@ -178,6 +179,56 @@ def test_kv_aware_sends_a_returning_conversation_to_the_replica_holding_its_bloc
     queries = sum(a["queries"] - b["queries"] for a, b in zip(after, before))
     hits = sum(a["hits"] - b["hits"] for a, b in zip(after, before))
     assert hits >= 0.5 * queries, (hits, queries)
+
+
+def measure(front: str, replicas: list[route.Started], users) -> dict:
+    """bench route's measure of one run: the conversations through `front`, the
+    replicas' counters around them (their prefix caches emptied first)."""
+    from tqdm import tqdm
+
+    for replica in replicas:
+        assert httpx.post(f"{replica.url}/reset_prefix_cache", timeout=30).is_success
+    before = [route.scrape(r) for r in replicas]
+    with tqdm(disable=True) as progress:
+        rows = asyncio.run(route.converse(front, users, 4, progress))
+    after = [route.scrape(r) for r in replicas]
+    return route.summarize(rows, before, after, seconds=1.0)
+
+
+def test_the_bench_measures_cache_aware_at_the_ceiling(cluster):
+    """bench route's workload and figures, on the module's replicas: through
+    cache_aware each user stays on one replica and the hit rate is the one of every
+    conversation on one replica; the table and the chart show both."""
+    replicas = cluster.replicas
+    users = route.conversations(users=3, turns=3, system_words=40, seed=2)
+    for u, user in enumerate(users):  # keys no other test sent: new clients
+        user.key = f"bench-{u}"
+    with ExitStack() as stack:
+        router = route.start_router(replicas, "cache_aware", cluster.logs, stack)
+        routed = measure(router.url, replicas, users)
+    ceiling = measure(replicas[0].url, replicas, users)
+    assert sum(routed["users_per_replica"]) == 3  # no user on two replicas
+    assert routed["prompt_tokens"] == ceiling["prompt_tokens"] > 0
+    assert routed["hit_rate"] == ceiling["hit_rate"] > 0.3, (routed, ceiling)
+    assert routed["computed_tokens"] == ceiling["computed_tokens"]
+    assert routed["ttft_later_p50_ms"] > 0 and routed["first_prompt_tokens_mean"] > 40
+    result = {
+        "model": "tiny",
+        "router": "vllm-router",
+        "replicas": 2,
+        "users": 3,
+        "turns": 3,
+        "max_tokens": 4,
+        "cpus": 2,
+        "policies": {"cache_aware": routed | {"worker_404s": {}}},
+        "ceiling": ceiling | {"worker_404s": {}},
+    }
+    text = route.table(result)
+    for label, run in (("cache_aware", routed), ("one replica (ceiling)", ceiling)):
+        row = re.search(rf"^  {re.escape(label)} +(\S+) +(\S+)", text, re.M)
+        assert row[1] == f"{run['hit_rate']:.3f}", text
+        assert row[2] == f"{run['computed_tokens']:,}", text
+    assert f"hit rate {ceiling['hit_rate']:.2f}" in route.chart(result).svg()
 
 
 def test_prefix_cache_reset_under_load(cluster):
