@@ -26,16 +26,21 @@
 #   of a session id (Karger et al., 1997), and locality-aware request distribution (LARD, Pai et
 #   al., 1998) on the directory; the same conversations through each, their prefix-cache hit
 #   rate and the prompt tokens the replicas computed;
-# - the directory drawn after each rule, and LARD's load thresholds moving a hot prompt.
+# - the directory drawn after each rule, and LARD's load thresholds moving a hot prompt;
+# - vllm-router's `round_robin`, `cache_aware` and `kv_aware` in front of three real servers,
+#   from the committed benchmark.
 
 # %%
 import bisect
 import hashlib
 import itertools
+import json
+from pathlib import Path
 
 from IPython.display import Markdown, display
 
 from minipaged import LLM, SamplingParams
+from minipaged.tools.bench.route import chart as route_chart
 from minipaged.tools.lab.directory_lab import (
     Cluster,
     Directory,
@@ -274,9 +279,37 @@ print("loads:  ", loads)
 # - **llm-d**'s precise prefix-cache scorer does the same for Kubernetes: an index of block
 #   hashes per pod, fed by vLLM's KV events, scoring each pod by its longest cached prefix.
 #
-# The experiment (docs/series.md, meeting 17) runs the same rules on real servers: three
-# `python -m minipaged.serve` replicas behind vllm-router from PyPI, `python -m minipaged.bench
-# route --replicas 3 --router vllm-router --policies round_robin cache_aware kv_aware`.
+# ## On real servers
+#
+# The experiment of the meeting runs the same question on real servers: three `python -m
+# minipaged.serve` replicas, each publishing its KV events, behind vllm-router from PyPI,
+# `python -m minipaged.bench route --replicas 3 --router vllm-router --policies round_robin
+# cache_aware kv_aware`; 8 users of 4 turns, each with a system prompt of about 270 tokens, and
+# a last run with every conversation on one replica and no router, the hit rate no routing can
+# pass. Here is its committed run on a 2-core CPU.
+
+# %%
+result = json.loads(
+    Path("../bench/results/2026-12-03-cpu-2core-route/route.json").read_text()
+)
+runs = {**result["policies"], "one replica (ceiling)": result["ceiling"]}
+rows = [
+    "| policy | hit rate | prompt tokens computed | later turns' TTFT (p50) | users per replica |",
+    "| --- | --- | --- | --- | --- |",
+]
+for name, run in runs.items():
+    rows.append(
+        f"| {name} | {run['hit_rate']:.3f} | {run['computed_tokens']:,} of"
+        f" {run['prompt_tokens']:,} | {run['ttft_later_p50_ms'] / 1000:.1f} s |"
+        f" {run['users_per_replica']} |"
+    )
+display(Markdown("\n".join(rows)))
+route_chart(result)
+
+# %% [markdown]
+# `cache_aware` (the router's own tree of the prompts it sent) and `kv_aware` (the directory of
+# this notebook, fed by the replicas' events) both reach the ceiling; round robin spreads each
+# user over several replicas (users per replica counts each user on every replica it reached).
 
 # %% [markdown]
 # ## Exercises
