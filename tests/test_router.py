@@ -33,7 +33,7 @@ USERS = route.conversations(users=4, turns=2, system_words=40, seed=1)
 POLICIES = ["round_robin", "power_of_two", "cache_aware", "kv_aware"]
 # tokens of a stream long enough to be cut by a kill (the tiny model makes about a
 # thousand a second on a quiet core)
-LONG = 1500
+LONG = 3000
 # every request kind a client sends: (path, body)
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 KINDS = {
