@@ -5,11 +5,14 @@ it where running installs or takes minutes (issue 42).
 Run: the attendees' clone and a script of their own saved beside it; the chat's pipe;
 the lecturer's server (on 127.0.0.1 and a free port instead of 0.0.0.0:8000), the curl
 that checks the connection, the room's client script, several requests at once from one
-attendee, note 16's curl, and the static server's pool. Checked, not run: `make setup`,
-`make notebook(s)` and `make test` (`make -n`), the GPU block (the extra exists, the
-script parses), and the "Three laptops" section's vllm-router options against its own
---help. Each `make` runs with `-o .venv/.installed`: installing is `make setup`'s step,
-and here it would rewrite the .venv the other tests run in.
+attendee, note 16's curl, and the static server's pool; where vllm-router is installed,
+the "Three laptops" section on one machine (three replicas, the cache_aware router, the
+script through it). Checked, not run: `make setup`, `make notebook(s)` and `make test`
+(`make -n`; make test's pytest line by pytest itself), the GPU block (the extra exists,
+the script parses), and every option the "Three laptops" section gives vllm-router (its
+--help) or the server (its parser). Each `make` runs with `-o .venv/.installed`:
+installing is `make setup`'s step, and here it would rewrite the .venv the other tests
+run in.
 """
 
 import json
@@ -79,8 +82,8 @@ REHEARSALS = {
     r'make serve ARGS="[^"]*"': "run: the room, the static demo; parsed elsewhere",
     r"(\.venv/bin/)?pip install .*": "checked: an extra it names exists",
     r"(\w+=\S+ )?bash scripts/[\w.]+\.sh": "checked: bash -n (needs a GPU)",
-    r"(\S*/)?vllm-router .*": "checked: each option in vllm-router --help",
-    r"(\S*python )?-m minipaged\.\w+ .*|python -m minipaged\.\w+ .*": "checked: parsed",
+    r"(\S*/)?vllm-router .*": "run (cache_aware); every option in vllm-router --help",
+    r"(\S*python )?-m minipaged\.\w+ .*": "run (a replica); every one parsed",
     r"curl .*": "checked: the shell reads it (the room's curl of the prose is run)",
 }
 
