@@ -372,9 +372,9 @@ route_chart(result)
 #     for _ in range(10):
 #         loads[d.route(second_turn, loads)] += 1
 #     print(f"low {low}, high {high}: loads {loads}")
-# # With high 1, replica 0 takes two and the others share the rest: three replicas compute the
-# # prefix. With high 8, all ten stay on replica 0: one computes it, the others idle. The
-# # thresholds trade the cache's hits against the replicas' queues.
+# # With high 1 the ten spread almost evenly: all three replicas compute the prefix. With high
+# # 8, nine stay on replica 0 and the tenth goes to replica 1: two compute it, the third
+# # idles. The thresholds trade the cache's hits against the replicas' queues.
 # ```
 #
 # </details>
