@@ -27,6 +27,8 @@ INTEGRATION = {
     "test_chunked_prefill",
     "test_docs",
     "test_workshop_rehearsal",
+    "test_router",
+    "test_clients",
 }
 
 

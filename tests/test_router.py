@@ -2,9 +2,9 @@
 every request kind routed under four policies with no 404 in the router's calls to a
 replica, kv_aware sending a returning conversation to the replica that holds its blocks,
 bench route's figures (cache_aware at the one-replica ceiling), and the cluster's
-failures (a replica killed mid-stream, a cold replica, the prefix cache reset under
-load) as a client sees them. A tiny random model; every wait bounded; every process
-stopped by its PID.
+failures (a replica killed mid-stream, a cold replica, a router restarted mid-stream,
+the prefix cache reset under load) as a client sees them. A tiny random model; every
+wait bounded; every process stopped by its PID.
 """
 
 import asyncio
@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 from checkpoints import write_checkpoint
+from test_serve import wait_until_idle
 
 from minipaged.tools.bench import route
 
@@ -306,6 +307,59 @@ def long_stream(url: str, going: threading.Event, results: dict, i: int) -> None
         results[i] = ("ended", lines)
     except httpx.TransportError as error:
         results[i] = (type(error).__name__, lines)
+
+
+def abort_count(replica: route.Started) -> float:
+    """Requests the replica aborted (its clients hung up), from its /metrics."""
+    text = httpx.get(f"{replica.url}/metrics", timeout=10).text
+    pattern = (
+        r'^minipaged:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$'
+    )
+    return float(re.search(pattern, text, re.M)[1])
+
+
+def test_a_router_restarted_mid_stream(cluster):
+    """The router killed while a stream runs through it: the client's stream ends in a
+    transport error (never [DONE]), the replica aborts the request it was serving (it
+    falls idle: nothing running or waiting, no frame held), and a router started again
+    on the same port routes as before."""
+    with ExitStack() as stack:
+        router = route.start_router(
+            cluster.replicas, "round_robin", cluster.logs, stack
+        )
+        aborts = [abort_count(replica) for replica in cluster.replicas]
+        results, going = {}, threading.Event()
+        thread = threading.Thread(
+            target=long_stream, args=(router.url, going, results, 0)
+        )
+        thread.start()
+        assert going.wait(30), results
+        router.process.kill()
+        router.process.wait(10)
+        thread.join(60)
+        assert not thread.is_alive()
+        how, lines = results[0]
+        assert how != "ended", "the stream ended cleanly through a killed router"
+        assert "data: [DONE]" not in lines
+        # the replicas abort what the router's hang-up left running
+        for replica in cluster.replicas:
+            wait_until_idle(replica.url, seconds=30)
+        after = [abort_count(replica) for replica in cluster.replicas]
+        assert sum(after) - sum(aborts) == 1, "the router's hang-up aborted nothing"
+        # the same command again, on the same port
+        again = route.launch(
+            list(router.process.args),
+            router.url,
+            cluster.logs / "router-restarted.log",
+            stack,
+        )
+        route.wait_healthy(again)
+        path, body = KINDS["completions"]
+        alone = text_of(post(cluster.replicas[0].url, path, body).json())
+        for _ in range(4):
+            answer = post(again.url, path, body)
+            assert answer.status_code == 200, answer.text
+            assert text_of(answer.json()) == alone
 
 
 def test_a_replica_killed_mid_stream_then_back_cold(cluster):
