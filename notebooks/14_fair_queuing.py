@@ -36,12 +36,16 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
+import minipaged
 from minipaged import SamplingParams
 from minipaged.paging import BlockManager
 from minipaged.policies import fair
 from minipaged.scheduler import Request, Scheduler, SchedulerConfig, Sequence
 from minipaged.tools.bench.serve import room_chart
 from minipaged.tools.viz import BarChart, LineChart
+
+# the committed results (bench/results/ beside the package), wherever this runs from
+RESULTS = Path(minipaged.__file__).resolve().parents[1] / "bench" / "results"
 
 # what the scheduler asks of the order, and what each answer means: the signatures and the
 # docstrings, without the bodies (lab 10 is to write them)
@@ -215,13 +219,13 @@ print("without the lift:", carol_returns(NoLift()))
 #
 # `python -m minipaged.bench serve --workload room` sends 8 participants' 32 short streamed
 # requests, alone and beside one client keeping 32 long chats in flight, to `python -m
-# minipaged.serve` on three servers: the defaults (fcfs, at most 4 sequences per client, more
-# answered 429), fcfs with no bound, and `--scheduling-policy fair`. Here is its committed run on
-# a 2-core CPU.
+# minipaged.serve` on three servers: fcfs with at most 4 sequences per client, more answered 429
+# (the server's defaults when this ran; fair queuing with no bound is the default now), fcfs with
+# no bound, and `--scheduling-policy fair`. Here is its committed run on a 2-core CPU.
 
 # %%
 result = json.loads(
-    Path("../bench/results/2026-12-03-cpu-2core-numpy-fair/room-1.json").read_text()
+    (RESULTS / "2026-12-03-cpu-2core-numpy-fair" / "room-1.json").read_text()
 )
 runs = {
     "alone": "alone (no flood)",

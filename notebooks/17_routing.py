@@ -39,6 +39,7 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
+import minipaged
 from minipaged import LLM, SamplingParams
 from minipaged.tools.bench.route import chart as route_chart
 from minipaged.tools.lab.directory_lab import (
@@ -49,6 +50,9 @@ from minipaged.tools.lab.directory_lab import (
     converse,
 )
 from minipaged.tools.viz import BarChart
+
+# the committed results (bench/results/ beside the package), wherever this runs from
+RESULTS = Path(minipaged.__file__).resolve().parents[1] / "bench" / "results"
 
 # %% [markdown]
 # ## One laptop is not enough
@@ -289,9 +293,7 @@ print("loads:  ", loads)
 # pass. Here is its committed run on a 2-core CPU.
 
 # %%
-result = json.loads(
-    Path("../bench/results/2026-12-03-cpu-2core-route/route.json").read_text()
-)
+result = json.loads((RESULTS / "2026-12-03-cpu-2core-route" / "route.json").read_text())
 runs = {**result["policies"], "one replica (ceiling)": result["ceiling"]}
 rows = [
     "| policy | hit rate | prompt tokens computed | later turns' TTFT (p50) | users per replica |",
