@@ -79,6 +79,10 @@ def test_race_counts_every_token_of_the_same_workload_and_the_servers_cpu(model)
         process.wait(timeout=30)
     result = json.loads(done.stdout)
     servers = result["servers"]
+    # one model behind every server: the same greedy text, every prompt answered
+    greedy = result["greedy"]
+    assert greedy["agree"] == greedy["of"] == 12
+    assert all(len(texts) == 12 and all(texts) for texts in greedy["answers"].values())
     for c, requests in (("1", 2), ("3", 6)):
         runs = [servers[name]["runs"][c][0] for name in servers]
         # the same requests reach every server, and ignore_eos gives each its tokens

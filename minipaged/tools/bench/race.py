@@ -143,6 +143,16 @@ def add_arguments(parser) -> None:
         ),
     )
     parser.add_argument(
+        "--greedy-tokens",
+        type=number(int, 0),
+        default=48,
+        help=(
+            f"each server's greedy answer (temperature 0) to {len(GREEDY_COMPLETIONS)}"
+            f" completions and {len(GREEDY_CHATS)} chats, at most this many tokens"
+            " each, compared between the servers (0: none) (default %(default)s)"
+        ),
+    )
+    parser.add_argument(
         "--start-timeout",
         type=number(float, above=0),
         default=600.0,
@@ -325,9 +335,9 @@ def warm_up(url: str, model: str, vocab: int) -> None:
     asyncio.run(send_all(url, prompts, [4, 4], [0.0, 0.0], model, 2))
 
 
-def turn(server: Contestant, args, model_folder: str, vocab: int) -> dict:
+def turn(server: Contestant, args, model_folder: str, vocab: int) -> tuple[dict, list]:
     """Every concurrency of the race on this server, started for it and stopped after
-    it when it is a command: {concurrency: figures}."""
+    it when it is a command: ({concurrency: figures}, its greedy answers)."""
     results = {}
     with tempfile.NamedTemporaryFile(
         "w", prefix=f"race-{server.name}-", suffix=".log", delete=False
@@ -345,6 +355,7 @@ def turn(server: Contestant, args, model_folder: str, vocab: int) -> dict:
                 )
         try:
             warm_up(url, model, vocab)
+            answers = greedy_answers(url, model, args.greedy_tokens)
             for c in args.concurrency:
                 prompts, max_tokens = workload(args, vocab, c)
                 print(
@@ -357,7 +368,65 @@ def turn(server: Contestant, args, model_folder: str, vocab: int) -> dict:
         finally:
             if process is not None:
                 stop(process)
-    return results
+    os.unlink(log.name)  # kept only when the server failed (start() shows its end)
+    return results, answers
+
+
+# the greedy comparison: completions of text, and chats through the model's template
+GREEDY_COMPLETIONS = [
+    "The capital of France is",
+    "A page table maps",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "Water boils at",
+    "The largest planet in our solar system is",
+]
+GREEDY_CHATS = [
+    "What is a page table?",
+    "Name three fruits.",
+    "Write a haiku about memory.",
+    "Explain continuous batching in one sentence.",
+]
+
+
+def greedy_answers(url: str, model: str, max_tokens: int) -> list[str]:
+    """The text of each greedy prompt's answer (temperature 0, max_tokens tokens unless
+    the model ends it), one request at a time; [] when max_tokens is 0."""
+    import httpx
+
+    if not max_tokens:
+        return []
+    common = {"model": model, "max_tokens": max_tokens, "temperature": 0}
+    texts = []
+    with httpx.Client(base_url=url, timeout=600) as http:
+        for prompt in GREEDY_COMPLETIONS:
+            body = common | {"prompt": prompt}
+            answer = http.post("/v1/completions", json=body).raise_for_status()
+            texts.append(answer.json()["choices"][0]["text"])
+        for prompt in GREEDY_CHATS:
+            body = common | {"messages": [{"role": "user", "content": prompt}]}
+            answer = http.post("/v1/chat/completions", json=body).raise_for_status()
+            texts.append(answer.json()["choices"][0]["message"]["content"])
+    return texts
+
+
+def greedy_agreement(answers: dict[str, list[str]], tokens: int) -> dict:
+    """How many greedy prompts every server answered with the same text; each server's
+    answers."""
+    names = list(answers)
+    same = [
+        len({answers[name][i] for name in names}) == 1
+        for i in range(len(answers[names[0]]))
+    ]
+    return {
+        "tokens": tokens,
+        "prompts": GREEDY_COMPLETIONS + GREEDY_CHATS,
+        "agree": sum(same),
+        "of": len(same),
+        "answers": answers,
+    }
 
 
 FIGURES = (
@@ -417,11 +486,12 @@ def bench_race(args) -> dict:
         raise OptionError("--prompt-len and --output-len: MIN must not exceed MAX")
     folder, vocab = model_vocab(args.model)
     runs = {s.name: {c: [] for c in args.concurrency} for s in args.server}
+    answers = {}
     for i in range(args.rounds):
         order = args.server if i % 2 == 0 else args.server[::-1]
         for server in order:
             try:
-                figures = turn(server, args, folder, vocab)
+                figures, answers[server.name] = turn(server, args, folder, vocab)
             except RuntimeError as error:
                 raise SystemExit(str(error)) from None
             for c, result in figures.items():
@@ -445,6 +515,8 @@ def bench_race(args) -> dict:
             for s in args.server
         },
     }
+    if args.greedy_tokens:
+        result["greedy"] = greedy_agreement(answers, args.greedy_tokens)
     if not args.json:
         print(table(result))
     return result
@@ -487,4 +559,10 @@ def table(result: dict) -> str:
         " cores it used; others: the cores other programs (not the server, not this"
         " client) kept busy meanwhile; load: the 1-minute load average at the end"
     )
+    if "greedy" in result:
+        greedy = result["greedy"]
+        lines.append(
+            f"  greedy answers ({greedy['tokens']} tokens at most) the same on every"
+            f" server: {greedy['agree']} of {greedy['of']} prompts"
+        )
     return "\n".join(lines)
