@@ -79,7 +79,7 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             "KV-cache utilization: paging vs reserving max_model_len slots per request"
             " (no model: the block managers alone)"
         ),
-        "about 1 s",
+        "a few seconds",
     ),
     "kernel": (
         kernel.bench_kernel,
@@ -161,7 +161,7 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             " divergence), perplexity change, decode tok/s (--kernel: v7's GB/s on a"
             " GPU)"
         ),
-        "about 30 s",
+        "about a minute (90 s on a busy machine)",
     ),
     "structured": (
         structured.bench_structured,
@@ -213,7 +213,7 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             " beside Belady's MIN, and a search for FIFO's anomaly (no model: the block"
             " managers alone)"
         ),
-        "about 30 s",
+        "about 10 s",
     ),
     "route": (
         route.bench_route,
