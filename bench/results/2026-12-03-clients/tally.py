@@ -22,6 +22,5 @@ for lib in per_lib:
 print(f"| **all** | {sum(per_lib.values())} | {sum(ok.values())} |")
 for row in rows:
     if not row["ok"]:
-        print(
-            f"- {row['lib'].removesuffix('_client')}: {row['call']}: {row['error'][:300]}"
-        )
+        lib = row["lib"].removesuffix("_client")
+        print(f"- {lib}: {row['call']}: {row['error'][:300]}")
