@@ -130,3 +130,21 @@ print("its pattern starts:", regex_of(StructuredOutputsParams(json=schema))[:70]
 # ```
 #
 # </details>
+
+# %% [markdown]
+# ## Lab
+#
+# Now write it yourself (lab 14, [labs/README.md](../labs/README.md)). In a terminal, at the top of
+# the repository, with the project's environment active (`source .venv/bin/activate`), copy the
+# starter, fill in the bodies, and grade it:
+#
+# - **Lab 14** (about 25 minutes): the subset construction's step: the closure of a set of NFA states and its move on a character.
+#
+#   ```
+#   cp labs/lab14_subsets.py my_subsets.py
+#   python -m minipaged.lab check 14 my_subsets.py
+#   ```
+#
+# The check names each property your code breaks, on an input that shows it. Once they all
+# hold, it runs SmolLM2 with your code plugged in, next to the engine's own, and draws the
+# lab's picture. Stuck? `python -m minipaged.lab hint 14` shows the next hint, one at a time, from the idea to the code.

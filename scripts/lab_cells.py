@@ -100,6 +100,16 @@ PLAN = {
             "my_codec.py",
         )
     ],
+    "16_automata": [
+        (
+            14,
+            (
+                "the subset construction's step: the closure of a set of NFA states and"
+                " its move on a character."
+            ),
+            "my_subsets.py",
+        )
+    ],
     "17_routing": [
         (
             13,

@@ -290,6 +290,7 @@ LABS_OF = {
     "12_drum": [12],
     "14_fair_queuing": [10],
     "15_compressed_memory": [11],
+    "16_automata": [14],
     "17_routing": [13],
 }
 

@@ -584,6 +584,36 @@ class NFA:
         ]
 
 
+# ---- the subset construction's step: a set of NFA states, then a character
+
+
+def closure(nfa: NFA, states) -> tuple[int, ...]:
+    """The NFA states reachable from `states` reading nothing, `states` among them: a
+    sorted tuple, so that one set of NFA states is always the same DFA state."""
+    seen, todo = set(states), list(states)
+    while todo:
+        s = todo.pop()
+        for t in nfa.eps_of(s):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return tuple(sorted(seen))
+
+
+def move(nfa: NFA, states, ch: str) -> set[int]:
+    """The NFA states that `states` go to reading `ch`: the target of each character
+    move whose set holds it (a set is ranges [lo, hi], both ends included). No closure
+    yet: the DFA's step is closure(move(...)); DFA.step gives the same from an index of
+    each DFA state's moves, built once."""
+    c = ord(ch)
+    targets = set()
+    for s in states:
+        for ranges, t in nfa.chars_of(s):
+            if c in ranges:
+                targets.add(t)
+    return targets
+
+
 class DFA:
     """The NFA run as a DFA: a state is the set of NFA states a text leads to (a sorted
     tuple), numbered the first time it is found; `step(state, ch)` computes a transition
@@ -625,18 +655,11 @@ class DFA:
         self.start = self.number(self.closure([nfa.start]))
 
     def closure(self, states) -> tuple[int, ...]:
-        """The states reachable from `states` reading nothing (sorted)."""
-        seen, todo = set(states), list(states)
-        at, eps, tick = self.nfa.eps_at, self.nfa.eps, self.budget.tick
-        while todo:
-            s = todo.pop()
-            for t in eps[at[s] : at[s + 1]]:
-                if t not in seen:
-                    seen.add(t)
-                    todo.append(t)
-                    if not len(seen) & 255:
-                        tick(256)
-        return tuple(sorted(seen))
+        """The states reachable from `states` reading nothing (sorted), counted in
+        the budget."""
+        found = closure(self.nfa, states)
+        self.budget.tick(len(found))
+        return found
 
     def number(self, states: tuple[int, ...]) -> int:
         if not states:
@@ -670,7 +693,8 @@ class DFA:
         return self.index[state]
 
     def step(self, state: int, ch: str) -> int:
-        """The state after reading `ch` in `state` (DEAD: no match starts this way)."""
+        """The state after reading `ch` in `state` (DEAD: no match starts this way):
+        closure(move(...)) of its set, the move read from the state's index."""
         if state == DEAD:
             return DEAD
         moves = self.moves[state]

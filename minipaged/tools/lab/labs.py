@@ -14,6 +14,7 @@ from minipaged import paging
 from minipaged.scheduler import Scheduler
 from minipaged.tools.lab import (
     aging_lab,
+    automata_lab,
     batcher_props,
     clock_lab,
     compressed_lab,
@@ -251,6 +252,20 @@ LABS = {
             samples=False,
             meeting="17, locality-aware request distribution and the directory",
             run=directory_lab.serve_lab13,
+        ),
+        Lab(
+            14,
+            "the subset construction: closure and move, the DFA's step",
+            "lab14_subsets.py",
+            25,
+            "notebook 16 (automata)",
+            automata_lab.solution,
+            automata_lab.PROPERTIES,
+            automata_lab.ENGINE,
+            samples=False,
+            seconds=5,
+            meeting="16, automata: from a regex to a mask",
+            run=automata_lab.serve_lab14,
         ),
     ]
 }
