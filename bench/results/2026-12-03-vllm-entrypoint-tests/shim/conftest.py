@@ -23,12 +23,21 @@ NOT_APPLICABLE = {
     "test_basic.py::test_health_check_engine_dead_error": "imports vllm.entrypoints.serve.instrumentator.health (vLLM's code, in process)",
 }
 
+# vLLM's tests/entrypoints/openai/responses/ (run against Qwen3-1.7B with --reasoning-parser qwen3)
+NOT_APPLICABLE.update({
+    "test_structured_output.py::TestConstraintToContentFormat": "a unit test of vLLM's own helper _constraint_to_content_format, in process (no server involved)",
+    "test_basic.py::test_simple_input": "wants a reasoning output item first (Qwen3 through vLLM's --reasoning-parser); SmolLM2 does not reason",
+    "test_function_call.py::test_function_tool_use": "wants a reasoning output item beside the call (Qwen3 through vLLM's --reasoning-parser); SmolLM2 does not reason",
+    "test_stateful.py::test_background": "background mode: minipaged answers it with a 400 naming the field (issue 40)",
+    "test_stateful.py::test_background_cancel": "background mode: minipaged answers it with a 400 naming the field (issue 40)",
+})
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for key, reason in NOT_APPLICABLE.items():
             file, name = key.split("::")
-            if item.path.name == file and item.originalname == name:
+            if item.path.name == file and name in (item.originalname, getattr(item.cls, "__name__", None)):
                 item.add_marker(pytest.mark.skip(reason=f"N/A: {reason}"))
         callspec = getattr(item, "callspec", None)
         if callspec and callspec.params.get("model_key") == "multimodal":
