@@ -288,3 +288,20 @@ def test_each_engine_step_that_runs_the_model_follows_the_load_once(
         engine.step()
         steps += 1
     assert steps == 5 and len(follows) == 5
+
+
+@pytest.mark.parametrize("choice, expected", [("all", 2), (1, 1), (8, 2)])
+def test_a_server_may_take_every_core_whatever_the_load(
+    monkeypatch, blas_threads, choice, expected
+):
+    """--cpu-threads all (or N): a neighbour keeping a core busy changes nothing, step
+    after step (N capped at what BLAS started with); fit follows it again."""
+    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=0.0))
+    monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples=5: 1)  # a busy neighbour
+    assert cpu.use_cores(choice) == expected
+    assert [cpu.follow_machine_load() for _ in range(3)] == [expected] * 3
+    assert blas_threads() == {expected}
+    assert cpu.use_cores("fit") == 1 and blas_threads() == {1}
+    assert [cpu.follow_machine_load() for _ in range(3)] == [1, 1, 1]

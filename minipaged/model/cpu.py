@@ -107,6 +107,10 @@ def _usable_cores() -> set[int]:
     )
 
 
+# seconds between two looks at the machine's load while a model runs
+LOOK_PERIOD = 0.5
+
+
 class _Cores:
     """The cores this process should use now, looked at again at most every `period`
     seconds with one sample of the machine's load (0.1-0.3 ms of /proc reading on a
@@ -114,7 +118,7 @@ class _Cores:
     (2.5 s) ignores a blip.
     """
 
-    def __init__(self, period: float = 0.5):
+    def __init__(self, period: float = LOOK_PERIOD):
         self.period, self.now, self.looks, self.checked = period, 1, [], -1e9
 
     def follow(self) -> None:
@@ -138,6 +142,31 @@ def follow_machine_load() -> int:
     Called between steps (`Model.follow_machine_load`, before each step), never inside a
     forward: most calls only read the clock (under 1 us)."""
     _cores.follow()
+    return _cores.now
+
+
+def use_cores(choice: str | int) -> int:
+    """How a long-running process (the server) sets its BLAS threads and weight panels:
+    "fit", one per core that other programs leave idle, followed before each step
+    (fit_blas_threads, follow_machine_load: a good neighbour, as the chat is); "all",
+    every core this process may run on, whatever the others do (a server that owns the
+    machine, as vLLM's); or that many threads. Never more than BLAS started with.
+    Returns the threads in use now.
+
+    Why a server fits by default (measured on a 2-core AMD EPYC, concurrency 16, other
+    programs keeping 0.6 to 1.6 cores busy; bench/results/2026-12-03-cpu-2core-race/):
+    fit served 19-62 tokens/s at 17-21 ms of CPU per token, all 9-10 tokens/s at 87-102
+    ms, its two threads waiting on whichever one the neighbour's work descheduled. What
+    fitting costs: the core a neighbour leaves idle between its bursts stays idle.
+    """
+    if choice == "fit":
+        _cores.period = LOOK_PERIOD  # the load is looked at again, as at start
+        return fit_blas_threads(samples=3)
+    most = blas_threads_at_start() or len(_usable_cores())
+    cores = len(_usable_cores()) if choice == "all" else int(choice)
+    # follow() looks again only after `period` seconds: never
+    _cores.now, _cores.period = max(1, min(cores, most)), math.inf
+    _set_blas_threads(_cores.now)
     return _cores.now
 
 

@@ -144,13 +144,19 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--greedy-tokens",
-        type=number(int, 0),
+        type=number(int, 1),
         default=48,
         help=(
             f"each server's greedy answer (temperature 0) to {len(GREEDY_COMPLETIONS)}"
             f" completions and {len(GREEDY_CHATS)} chats, at most this many tokens"
-            " each, compared between the servers (0: none) (default %(default)s)"
+            " each, compared between the servers (default %(default)s)"
         ),
+    )
+    parser.add_argument(
+        "--no-greedy",
+        dest="greedy",
+        action="store_false",
+        help="skip the greedy comparison",
     )
     parser.add_argument(
         "--start-timeout",
@@ -355,7 +361,9 @@ def turn(server: Contestant, args, model_folder: str, vocab: int) -> tuple[dict,
                 )
         try:
             warm_up(url, model, vocab)
-            answers = greedy_answers(url, model, args.greedy_tokens)
+            answers = []
+            if args.greedy:
+                answers = greedy_answers(url, model, args.greedy_tokens)
             for c in args.concurrency:
                 prompts, max_tokens = workload(args, vocab, c)
                 print(
@@ -393,11 +401,9 @@ GREEDY_CHATS = [
 
 def greedy_answers(url: str, model: str, max_tokens: int) -> list[str]:
     """The text of each greedy prompt's answer (temperature 0, max_tokens tokens unless
-    the model ends it), one request at a time; [] when max_tokens is 0."""
+    the model ends it), one request at a time."""
     import httpx
 
-    if not max_tokens:
-        return []
     common = {"model": model, "max_tokens": max_tokens, "temperature": 0}
     texts = []
     with httpx.Client(base_url=url, timeout=600) as http:
@@ -515,7 +521,7 @@ def bench_race(args) -> dict:
             for s in args.server
         },
     }
-    if args.greedy_tokens:
+    if args.greedy:
         result["greedy"] = greedy_agreement(answers, args.greedy_tokens)
     if not args.json:
         print(table(result))
