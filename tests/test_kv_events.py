@@ -370,17 +370,21 @@ def test_a_zmq_subscriber_rebuilds_the_cache_from_vllm_shaped_batches(llm):
 
 
 def test_the_route_says_where_to_subscribe_in_the_shape_vllm_router_reads(llm):
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
+    """GET /kv_event_sources on every server: {} until the command line starts a
+    publisher, then the entry vllm-router subscribes to; listed in /openapi.json."""
+    import httpx
+    from test_serve import serve
 
-    engine = llm.new_engine(num_blocks=8, block_size=4)
+    with serve(llm, num_blocks=8, block_size=4) as url:
+        assert httpx.get(f"{url}/kv_event_sources").json() == {}
+        assert "/kv_event_sources" in httpx.get(f"{url}/openapi.json").json()["paths"]
+    thread = serve(llm, num_blocks=8, block_size=4)
     config = publisher_config(endpoint="tcp://*:0", replay_endpoint=None)
-    publisher = kv_events.start(config, engine.blocks)
+    publisher = kv_events.start(config, thread.server.loop.engine.blocks)
+    thread.server.workers.kv_events = publisher
     try:
-        app = FastAPI()
-        kv_events.add_route(app, publisher)
-        sources = TestClient(app, base_url="http://127.0.0.1").get("/kv_event_sources")
-        entry = sources.json()["0"]
+        with thread as url:
+            entry = httpx.get(f"{url}/kv_event_sources").json()["0"]
         port = publisher.endpoint.rsplit(":", 1)[1]
         assert entry["endpoint"] == f"tcp://127.0.0.1:{port}" and port != "0"
         assert entry["replay_endpoint"] is None
@@ -391,9 +395,6 @@ def test_the_route_says_where_to_subscribe_in_the_shape_vllm_router_reads(llm):
         )
     finally:
         publisher.close()
-    off = FastAPI()
-    kv_events.add_route(off, None)
-    assert TestClient(off).get("/kv_event_sources").json() == {}
 
 
 @pytest.mark.parametrize(

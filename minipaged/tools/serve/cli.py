@@ -547,7 +547,7 @@ def main(argv=None) -> int:
         events = kv_events.start(args.kv_events_config, llm.engine.blocks)
     except (ValueError, OSError) as error:
         parser.error(str(error))
-    kv_events.add_route(server.app, events)
+    server.workers.kv_events = events  # GET /kv_event_sources says where
     blocks = llm.engine.blocks
     print(
         f"minipaged serving {name} on {llm.device} ({llm.load_seconds:.1f} s to load): "

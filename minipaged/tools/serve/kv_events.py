@@ -18,8 +18,6 @@ from argparse import ArgumentTypeError
 from collections import deque
 from dataclasses import dataclass
 
-from fastapi import Request
-
 from minipaged.paging.prefix_cache import POOL
 
 # Replicas behind vllm-router 0.1.17's kv_aware policy, on one machine (the wire needs
@@ -368,15 +366,3 @@ def start(config: KVEventsConfig | None, blocks) -> KVEventPublisher | None:
         publisher.close()
         raise
     return publisher
-
-
-def add_route(app, publisher: KVEventPublisher | None) -> None:
-    """GET /kv_event_sources (vLLM's route): where a router subscribes; none when
-    events are off."""
-
-    async def kv_event_sources(request: Request) -> dict[str, dict]:
-        if publisher is None:
-            return {}
-        return publisher.sources(request.url.hostname)
-
-    app.get("/kv_event_sources")(kv_event_sources)

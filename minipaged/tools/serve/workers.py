@@ -85,6 +85,9 @@ class Workers:
         # the replica's name for a router's KV directory, new at each start
         self.instance_id = f"minipaged-{secrets.token_hex(6)}"
         self.model_config = read_config(model_path)
+        # the KV-cache events' publisher (kv_events.py), set when the command line
+        # starts one (--kv-events-config); None: GET /kv_event_sources answers {}
+        self.kv_events = None
 
     def routes(self, app: FastAPI) -> None:
         for path in ("/get_server_info", "/server_info"):
@@ -97,6 +100,14 @@ class Workers:
         app.get("/health_generate")(self.health_generate)
         app.post("/reset_prefix_cache")(self.reset_prefix_cache)
         app.post("/flush_cache")(self.reset_prefix_cache)
+        app.get("/kv_event_sources")(self.kv_event_sources)
+
+    async def kv_event_sources(self, request: Request) -> dict[str, dict]:
+        """vLLM's GET /kv_event_sources: where a router subscribes to this replica's
+        KV-cache events, by data-parallel rank; {} when none are published."""
+        if self.kv_events is None:
+            return {}
+        return self.kv_events.sources(request.url.hostname)
 
     # ---- what the replica is -------------------------------------------------------
     async def server_info(self) -> dict:
@@ -279,6 +290,11 @@ class Workers:
         paths["/get_load"]["get"]["responses"] = answer(
             "vllm-router's load (requests not yet done); under /sglang, SGLang's list",
             {"type": "object", "required": ["load"], "properties": {"load": COUNT}},
+        )
+        paths["/kv_event_sources"]["get"]["responses"] = answer(
+            "where a router subscribes to the KV-cache events, by data-parallel rank"
+            " ({} without --kv-events-config)",
+            {"type": "object", "additionalProperties": {"type": "object"}},
         )
         generate = obj("request_id", "token_ids", "sampling_params", "model")
         generate["properties"]["token_ids"] = {"type": "array", "items": COUNT}
