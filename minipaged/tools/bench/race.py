@@ -1,11 +1,9 @@
 """`python -m minipaged.bench race`: any OpenAI-compatible servers, one at a time, on
 the same random workload.
 
-Each server is a command this benchmark starts (and stops) or a URL with the PID of
-a server already running. Per concurrency: output tokens/s, TTFT and TPOT p50/p99, and
-the CPU time per output token of the server's whole process tree (/proc), beside
-the CPU that other programs took meanwhile. `python -m minipaged.serve` and
-`vllm serve` are measured by the same code in one run, interleaved.
+Each server is a command this benchmark starts and stops, or a URL with the PID of one
+running. Per concurrency: output tokens/s, TTFT and TPOT p50/p99, the CPU time per
+output token of the server's process tree (/proc) and the CPU other programs took.
 """
 
 from __future__ import annotations
@@ -195,7 +193,8 @@ def _stat_fields(pid: int) -> list[str]:
 def tree_cpu_seconds(root: int) -> float | None:
     """User + system CPU seconds of `root` and every process below it, with what their
     reaped children spent; None where /proc cannot tell (not Linux, no such process)."""
-    parents, times = {}, {}
+    parents = {}
+    times = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
@@ -306,17 +305,17 @@ def measure(url: str, model: str, pid: int | None, prompts, max_tokens, c) -> di
     """One measurement at concurrency c: the client's figures (serve.send_all), the
     server tree's CPU seconds per output token and cores used, the cores other programs
     kept busy meanwhile (not the server, not this client) and the load average."""
-    cpu_before, busy_before = (
-        tree_cpu_seconds(pid) if pid else None,
-        machine_busy_seconds(),
-    )
-    own_before, start = own_cpu_seconds(), time.perf_counter()
+    cpu_before = tree_cpu_seconds(pid) if pid else None
+    busy_before = machine_busy_seconds()
+    own_before = own_cpu_seconds()
+    start = time.perf_counter()
     result = asyncio.run(
         send_all(url, prompts, max_tokens, [0.0] * len(prompts), model, c)
     )
     wall = time.perf_counter() - start
     cpu_after = tree_cpu_seconds(pid) if pid else None
-    busy_after, own = machine_busy_seconds(), own_cpu_seconds() - own_before
+    busy_after = machine_busy_seconds()
+    own = own_cpu_seconds() - own_before
     result |= {
         "concurrency": c,
         "requests": len(prompts),
@@ -349,7 +348,8 @@ def turn(server: Contestant, args, model_folder: str, vocab: int) -> tuple[dict,
         "w", prefix=f"race-{server.name}-", suffix=".log", delete=False
     ) as log:
         process = None
-        url, pid = server.url, server.pid
+        url = server.url
+        pid = server.pid
         if server.command:
             process, url, model = start(server, args, model_folder, log)
             pid = process.pid
