@@ -113,6 +113,7 @@ def test_text_format_holds_the_answer_to_a_schema(smol):
     answer = client.responses.create(
         model="smol",
         input="a number",
+        temperature=0,
         max_output_tokens=40,
         text={"format": {"type": "json_schema", "name": "n", "schema": schema}},
     )
@@ -128,6 +129,7 @@ def test_a_function_call_round_trip(smol):
         input="weather in Paris?",
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
         max_output_tokens=60,
     )
     calls = [item for item in first.output if item.type == "function_call"]
@@ -154,6 +156,7 @@ def test_a_function_call_round_trip(smol):
         input="weather?",
         tools=[WEATHER],
         tool_choice="required",
+        temperature=0,
         max_output_tokens=80,
     )
     assert required.status == "completed"
@@ -164,6 +167,7 @@ def test_a_function_call_round_trip(smol):
         input="weather in Paris?",
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
+        temperature=0,
         max_output_tokens=60,
         stream=True,
     ) as stream:
@@ -324,6 +328,7 @@ def test_a_forced_call_with_a_text_format_answers_the_call(smol):
                 "schema": WEATHER["parameters"],
             }
         },
+        temperature=0,
         max_output_tokens=30,
     )
     assert [item.type for item in answer.output] == ["function_call"]
