@@ -1,7 +1,7 @@
 # On a fresh machine (each target sets up .venv once, and again when pyproject.toml changes):
 #   make chat              chat with the default model (ARGS="--help" lists its options)
 #   make serve             the OpenAI-compatible server and its live dashboard (ARGS="--help")
-#   make test              every test (about 9 minutes on 2 cores); make test-fast skips the real-model ones.
+#   make test              every test (about 12 minutes on 2 cores); make test-fast skips the real-model ones.
 #                          Adds the test tools (the `dev` extra) to .venv; chat and serve need none
 #   make format            format the code as CI wants it: ruff, comments and docstrings to 88 columns
 #   make lint              check that it is (make test and make test-fast run it first)
