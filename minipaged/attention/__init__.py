@@ -1,8 +1,8 @@
 """Paged attention, called by every attention layer of the model: K/V read from
-scattered frames through a block table. One contract (see `get_attention`), three
-modules with the same four functions: `reference` (NumPy, the specification; the choice
-on a CPU), `cuda` (cuda/*.cu through CuPy; the choice on a GPU) and `emulated` (the same
-kernels compiled for the CPU).
+scattered frames through a block table. One contract (see `get_attention`), four
+modules with the same four functions: `reference` (NumPy, the specification), `cpu` (its
+results, decode shaped for a CPU; the choice there), `cuda` (cuda/*.cu through CuPy; the
+choice on a GPU) and `emulated` (the same kernels compiled for the CPU).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import ModuleType
 
 
 def get_attention(device: str) -> ModuleType:
-    """The implementation the model uses on a device: `cuda` for "cuda", `reference` for
+    """The implementation the model uses on a device: `cuda` for "cuda", `cpu` for
     "cpu". Every implementation is a module with the same four functions:
 
     write_kv(k, v, k_cache, v_cache, slot_mapping)            # in place
@@ -35,7 +35,7 @@ def get_attention(device: str) -> ModuleType:
     copy_blocks(k_cache, v_cache, pairs)       # in place, pairs: (src, dst) frames
 
     Query head h reads KV head h // (num_heads // num_kv_heads). Arrays are NumPy for
-    `reference` and `emulated`, CuPy for `cuda`; q and the caches share one dtype
+    `reference`, `cpu` and `emulated`, CuPy for `cuda`; q and the caches share one dtype
     (float32 or float16; the kernels take head_dim 64 or 128).
     """
     if device == "cuda":
@@ -43,7 +43,7 @@ def get_attention(device: str) -> ModuleType:
 
         return cuda
     if device == "cpu":
-        from . import reference
+        from . import cpu
 
-        return reference
+        return cpu
     raise ValueError(f"unknown device {device!r}; choose 'cpu' or 'cuda'")

@@ -1,0 +1,132 @@
+"""The CPU's attention (minipaged/attention/cpu.py) gives the reference's results: its
+decode, one sequence at a time over exactly its frames, against reference.decode on
+scattered frames, grouped-query shapes, empty contexts, 8-bit caches and a codec of
+the caller's."""
+
+import numpy as np
+import pytest
+
+from minipaged.attention import codecs, cpu, get_attention, reference
+
+
+def scattered(rng, num_heads, num_kv_heads, lens, block_size=4, head_dim=8):
+    """q and float32 caches whose sequences own shuffled frames, the unused slots NaN
+    (what a frame freed by another sequence may hold), and their block tables."""
+    frames_of = [-(-n // block_size) for n in lens]
+    num_blocks = sum(frames_of) + 3
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = np.full(shape, np.nan, np.float32)
+    v_cache = np.full(shape, np.nan, np.float32)
+    order = rng.permutation(num_blocks)
+    tables = np.full((len(lens), max(frames_of) + 1), -1, np.int32)
+    taken = 0
+    for i, n in enumerate(lens):
+        tables[i, : frames_of[i]] = order[taken : taken + frames_of[i]]
+        taken += frames_of[i]
+        for p in range(n):
+            frame, offset = tables[i, p // block_size], p % block_size
+            k_cache[frame, offset] = rng.standard_normal((num_kv_heads, head_dim))
+            v_cache[frame, offset] = rng.standard_normal((num_kv_heads, head_dim))
+    q = rng.standard_normal((len(lens), num_heads, head_dim)).astype(np.float32)
+    return q, k_cache, v_cache, tables, np.array(lens, np.int32)
+
+
+def slots_of(tables, lens, block_size=4):
+    """The slots (frame * block_size + offset) of every sequence's positions, in
+    order."""
+    return np.array(
+        [
+            tables[i, p // block_size] * block_size + p % block_size
+            for i, n in enumerate(lens)
+            for p in range(n)
+        ],
+        np.int32,
+    )
+
+
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads", [(9, 3), (4, 4), (8, 2), (4, 1)]
+)  # SmolLM2-135M's 9/3, no grouping, groups of 4, one KV head
+def test_decode_equals_the_reference(num_heads, num_kv_heads):
+    rng = np.random.default_rng(num_heads * 10 + num_kv_heads)
+    args = scattered(rng, num_heads, num_kv_heads, [1, 7, 4, 13, 30])
+    want = reference.decode(*args, 0.3)
+    got = cpu.decode(*args, 0.3)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_sequence_with_an_empty_context_gets_zeros_and_the_others_theirs():
+    rng = np.random.default_rng(1)
+    q, k_cache, v_cache, tables, lens = scattered(rng, 6, 2, [5, 1, 9])
+    lens[1] = 0
+    got = cpu.decode(q, k_cache, v_cache, tables, lens, 0.5)
+    np.testing.assert_array_equal(got[1], 0)
+    with np.errstate(invalid="ignore"):  # the reference's empty row: 0 / 0
+        want = reference.decode(q, k_cache, v_cache, tables, lens, 0.5)
+    np.testing.assert_allclose(got[[0, 2]], want[[0, 2]], rtol=1e-5, atol=1e-6)
+
+
+def test_float16_queries_and_caches_come_back_float16():
+    rng = np.random.default_rng(2)
+    q, k_cache, v_cache, tables, lens = scattered(rng, 4, 2, [3, 11])
+    half = [a.astype(np.float16) for a in (q, k_cache, v_cache)]
+    got = cpu.decode(half[0], half[1], half[2], tables, lens, 0.25)
+    want = reference.decode(half[0], half[1], half[2], tables, lens, 0.25)
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(
+        got.astype(np.float32), want.astype(np.float32), atol=2e-3
+    )
+
+
+@pytest.mark.parametrize("code", ["int8", "fp8"])
+def test_8bit_caches_decode_as_the_reference_does(code):
+    rng = np.random.default_rng(3)
+    q, k_full, v_full, tables, lens = scattered(rng, 9, 3, [6, 17, 2])
+    codec = codecs.CODECS[code]
+    k_cache = np.zeros(k_full.shape, codec.dtype)
+    v_cache = np.zeros(v_full.shape, codec.dtype)
+    k_scales = np.zeros(k_full.shape[:3], np.float16)
+    v_scales = np.zeros(v_full.shape[:3], np.float16)
+    slots = slots_of(tables, lens)
+    reference.write_coded(k_full.reshape(-1, 3, 8)[slots], k_cache, k_scales, slots)
+    reference.write_coded(v_full.reshape(-1, 3, 8)[slots], v_cache, v_scales, slots)
+    scales = dict(k_scales=k_scales, v_scales=v_scales)
+    want = reference.decode(q, k_cache, v_cache, tables, lens, 0.3, **scales)
+    got = cpu.decode(q, k_cache, v_cache, tables, lens, 0.3, **scales)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the codes were read, not the full-precision values: near them, not equal
+    full = reference.decode(q, k_full, v_full, tables, lens, 0.3)
+    assert 0 < np.abs(got - full).max() < 0.1
+
+
+def test_a_callers_codec_is_used_to_decode():
+    """A codec passed in (a KVCache's own) decodes the codes, not the dtype's."""
+
+    class Halved(codecs.Int8):
+        def decode(self, codes, scale):
+            return super().decode(codes, scale) / 2
+
+    rng = np.random.default_rng(4)
+    q, k_full, v_full, tables, lens = scattered(rng, 4, 2, [5, 8])
+    k_cache = np.zeros(k_full.shape, np.int8)
+    v_cache = np.zeros(v_full.shape, np.int8)
+    k_scales = np.zeros(k_full.shape[:3], np.float16)
+    v_scales = np.zeros(v_full.shape[:3], np.float16)
+    slots = slots_of(tables, lens)
+    reference.write_coded(k_full.reshape(-1, 2, 8)[slots], k_cache, k_scales, slots)
+    reference.write_coded(v_full.reshape(-1, 2, 8)[slots], v_cache, v_scales, slots)
+    args = (q, k_cache, v_cache, tables, lens, 0.3, k_scales, v_scales)
+    plain = cpu.decode(*args)
+    halved = cpu.decode(*args, codec=Halved())
+    np.testing.assert_allclose(
+        halved, reference.decode(*args, codec=Halved()), rtol=1e-5, atol=1e-6
+    )
+    assert np.abs(halved - plain).max() > 1e-3
+
+
+def test_the_cpu_gets_this_module_with_the_references_other_three():
+    assert get_attention("cpu") is cpu
+    for name in ("prefill", "write_kv", "copy_blocks"):
+        assert getattr(cpu, name) is getattr(reference, name)
