@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -210,9 +211,14 @@ def test_bounds_that_are_not_zero():
 # ---- end to end: `python -m ...` -----------------------------------------------------
 
 
-def run(*args, timeout=60) -> subprocess.CompletedProcess:
+def run(*args, timeout=60, env=None) -> subprocess.CompletedProcess:
+    """python -m *args, its environment this one's with `env` on top."""
     return subprocess.run(
-        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -377,11 +383,14 @@ def test_bench_decode_runs_a_model_whose_vocabulary_is_under_10000(tiny):
     )
 
 
-def test_bench_projections_times_every_way_and_marks_the_engines(tiny):
-    """Each row count gets every way once, the engine's way marked once (the rule of
-    model/cpu.projection_path), each a real time; the table names the rows and the ways.
-    """
+@pytest.mark.parametrize("panels", ["1", "0"])
+def test_bench_projections_times_every_way_and_marks_the_engines(tiny, panels):
+    """Each row count gets every way once, the engine's way marked once: the rule of
+    model/cpu.projection_path where the model holds panels, BLAS for every row count
+    where it does not (MINIPAGED_CPU_PANELS decides here, as panels_pay does at load);
+    the table names the rows, the ways and why."""
     model = tiny()
+    env = {"MINIPAGED_CPU_PANELS": panels}
     result = run(
         "minipaged.bench",
         "projections",
@@ -393,6 +402,7 @@ def test_bench_projections_times_every_way_and_marks_the_engines(tiny):
         "--repeats",
         "1",
         "--json",
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
@@ -400,7 +410,9 @@ def test_bench_projections_times_every_way_and_marks_the_engines(tiny):
         (n, way) for n in (1, 3) for way in projections.WAYS
     ]
     chosen = {r["rows"]: r["way"] for r in out["results"] if r["engine"]}
-    assert chosen == {1: "blas gemm", 3: "panels, split"}
+    three = "panels, split" if panels == "1" else "blas gemm"
+    assert chosen == {1: "blas gemm", 3: three}
+    assert out["engine_uses_panels"] is (panels == "1")
     assert all(r["ms"] > 0 and r["gb_per_s"] > 0 for r in out["results"])
     table = run(
         "minipaged.bench",
@@ -411,9 +423,9 @@ def test_bench_projections_times_every_way_and_marks_the_engines(tiny):
         "2",
         "--repeats",
         "1",
+        env=env,
     )
-    assert (
-        table.returncode == 0
-        and "<- the engine's" in table.stdout
-        and "panels, split" in table.stdout
-    )
+    assert table.returncode == 0, table.stderr
+    marked = [line for line in table.stdout.splitlines() if "<- the engine's" in line]
+    assert len(marked) == 1 and three in marked[0], table.stdout
+    assert f"MINIPAGED_CPU_PANELS={panels} chose" in table.stdout

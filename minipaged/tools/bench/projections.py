@@ -7,6 +7,7 @@ thread costs.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -93,6 +94,9 @@ def bench_projections(args) -> dict:
         "panels, one core": lambda w, x: w.by_panels(x, cores=1),
         "panels, split": lambda w, x: w.by_panels(x, cores=cores),
     }
+    # the model's own weights say which way its loading chose (panels_pay, or the
+    # MINIPAGED_CPU_PANELS switch)
+    panels = isinstance(model.layers[0].wqkv, cpu.PanelWeight)
     rng = np.random.default_rng(0)
     rows_out = []
     for rows in tqdm(args.rows, desc="projections", unit="row count"):
@@ -100,11 +104,7 @@ def bench_projections(args) -> dict:
             n: rng.standard_normal((rows, n)).astype(model.dtype)
             for n in {w.shape[0] for w in weights}
         }
-        chosen = {
-            "matrix-vector": "blas gemm",
-            "gemm": "blas gemm",
-            "panels": "panels, split",
-        }[cpu.projection_path(rows)]
+        chosen = engine_way(rows, panels)
         for name, way in ways.items():
             seconds = best_time(
                 lambda way=way, xs=xs: [way(w, xs[w.shape[0]]) for w in weights],
@@ -131,11 +131,40 @@ def bench_projections(args) -> dict:
         "cores": cores,
         "copy_bytes_per_s": limits["copy_bytes_per_s"],
         "handoff_us": None if handoff is None else 1e6 * handoff,
+        "engine_uses_panels": panels,
+        "why": panels_reason(panels),
         "results": rows_out,
     }
     if not args.json:
         print_table(result)
     return result
+
+
+def engine_way(rows: int, panels: bool) -> str:
+    """The way the engine computes a step of `rows` rows: BLAS (its matrix-vector code
+    for one row, its GEMM for many) unless the model holds panels and
+    projection_path(rows) says "panels"."""
+    from minipaged.model import cpu
+
+    if panels and cpu.projection_path(rows) == "panels":
+        return "panels, split"
+    return "blas gemm"
+
+
+def panels_reason(panels: bool) -> str:
+    """Why the model holds panels or plain arrays, in a sentence."""
+    choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
+    if choice in ("0", "1"):
+        return f"MINIPAGED_CPU_PANELS={choice} chose {'panels' if panels else 'BLAS'}"
+    if panels:
+        return (
+            "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay), so "
+            "2 to 63 rows take them"
+        )
+    return (
+        "no panels: at load this BLAS's GEMM was as fast at 2 rows (panels_pay), so "
+        "every row count takes BLAS"
+    )
 
 
 def handoff_seconds(cores: int, calls: int = 500) -> float | None:
@@ -168,6 +197,7 @@ def print_table(result: dict) -> None:
             f"{r['rows']:>4}  {r['way']:<22} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
             f"{100 * r['share_of_copy_bandwidth']:>9.0f}%{mark}"
         )
+    print(f"the engine's way: {result['why']}")
     if result["handoff_us"] is not None:
         print(
             "handing an empty piece to the helper thread and waiting for it: "
