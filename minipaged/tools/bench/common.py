@@ -112,6 +112,13 @@ def check_output_files(args) -> None:
             )
 
 
+def blas_threads_env(threads: int) -> dict[str, str]:
+    """This process's environment with every BLAS library held to `threads` threads, for
+    a server the benchmark starts (OpenBLAS, OpenMP's and MKL's variables alike)."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    return os.environ | {name: str(threads) for name in names}
+
+
 def show(args, chart, table: str) -> None:
     """A benchmark's picture and table on stdout (not with --json), and the picture as
     SVG (--svg)."""

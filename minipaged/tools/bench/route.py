@@ -29,7 +29,12 @@ import numpy as np
 from tqdm import tqdm
 
 from minipaged.llm import number
-from minipaged.tools.bench.common import OptionError, model_arguments, show
+from minipaged.tools.bench.common import (
+    OptionError,
+    blas_threads_env,
+    model_arguments,
+    show,
+)
 from minipaged.tools.bench.serve import chunk_text, stream_lines
 from minipaged.tools.viz import BarChart
 
@@ -297,11 +302,6 @@ def start_replicas(
     thread (the cores are shared), its access log on (the 404 count) and, with
     kv_events, publishing vLLM's KV-cache events on ZMQ ports of its own; `options` go
     to each as they are."""
-    threads = {
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
     replicas = []
     for i in range(count):
         port = free_port()
@@ -335,7 +335,7 @@ def start_replicas(
             f"http://127.0.0.1:{port}",
             logs / f"replica-{i}.log",
             stack,
-            env=os.environ | threads,
+            env=blas_threads_env(1),
         )
         started.kv_events = config
         replicas.append(started)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,7 +18,13 @@ import time
 import numpy as np
 
 from minipaged.llm import number
-from minipaged.tools.bench.common import load, random_prompts, serving_arguments, show
+from minipaged.tools.bench.common import (
+    blas_threads_env,
+    load,
+    random_prompts,
+    serving_arguments,
+    show,
+)
 from minipaged.tools.bench.workload import make_workload
 from minipaged.tools.viz import BarChart
 
@@ -186,12 +191,7 @@ def start_server(
 ) -> tuple[subprocess.Popen, str, list[str]]:
     """The server in its own process (as a lecturer runs it), with these options;
     returns it, its URL and what it printed as it started (its pool and its bounds)."""
-    threads = str(args.blas_threads)
-    env = os.environ | {
-        "OPENBLAS_NUM_THREADS": threads,
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-    }
+    env = blas_threads_env(args.blas_threads)
     command = [
         sys.executable,
         "-m",
