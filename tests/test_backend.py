@@ -191,6 +191,71 @@ def test_one_rule_says_how_each_row_count_is_multiplied():
     ]
 
 
+def test_a_weight_gives_way_to_the_gemm_from_its_own_row_count():
+    """projection_path's upper bound is the weight's: panels below it, GEMM from it."""
+    assert cpu.projection_path(23, 24) == "panels"
+    assert cpu.projection_path(24, 24) == "gemm"
+    w = cpu.PanelWeight(np.ones((8, 40), np.float32))
+    w.gemm_rows = 4
+
+    def no_panels(x, cores=None):
+        raise AssertionError("panels used at the GEMM's row count")
+
+    w.by_panels = no_panels
+    x = np.ones((4, 8), np.float32)
+    np.testing.assert_array_equal(x @ w, x @ w.dense())
+    with pytest.raises(AssertionError, match="panels used"):
+        x[:3] @ w
+
+
+def test_the_gemm_takes_over_where_it_is_timed_faster(monkeypatch):
+    """choose_gemm_rows answers the first row count where a whole step's GEMM beat its
+    panels, GEMM_ROWS where it never did, once per set of shapes; MINIPAGED_GEMM_ROWS
+    answers without timing, and a wrong value is named."""
+    monkeypatch.delenv("MINIPAGED_GEMM_ROWS", raising=False)
+    monkeypatch.setattr(cpu, "_gemm_rows_seen", {})
+    monkeypatch.setattr(cpu, "fit_blas_threads", lambda samples=5: 1)
+    weights = [cpu.PanelWeight(np.ones((8, 40), np.float32)) for _ in range(3)]
+    timed = []
+
+    def fake_seconds(gemm_from):
+        def seconds(way, ws, xs):
+            rows = len(next(iter(xs.values())))
+            timed.append((way, rows))
+            assert all(isinstance(w, cpu.PanelWeight) for w in ws)
+            return 1.0 if (way == "gemm") == (rows >= gemm_from) else 2.0
+
+        return seconds
+
+    monkeypatch.setattr(cpu, "_seconds", fake_seconds(32))
+    assert cpu.choose_gemm_rows(weights) == 32
+    assert {rows for _, rows in timed} == {16, 24, 32}
+    timed.clear()
+    assert cpu.choose_gemm_rows(weights) == 32 and not timed  # kept
+    monkeypatch.setattr(cpu, "_seconds", fake_seconds(10**6))
+    assert cpu.choose_gemm_rows(weights[:2]) == cpu.GEMM_ROWS
+    monkeypatch.setenv("MINIPAGED_GEMM_ROWS", "40")
+    assert cpu.choose_gemm_rows(weights[:1]) == 40
+    for wrong in ("1", "many", "-3"):
+        monkeypatch.setenv("MINIPAGED_GEMM_ROWS", wrong)
+        with pytest.raises(ValueError, match=f"MINIPAGED_GEMM_ROWS='{wrong}'"):
+            cpu.choose_gemm_rows(weights)
+
+
+def test_a_model_with_panels_sets_one_gemm_row_count_on_every_weight(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("MINIPAGED_CPU_PANELS", "1")
+    monkeypatch.setenv("MINIPAGED_GEMM_ROWS", "5")
+    model = Model.from_folder(write_checkpoint(tmp_path / "ckpt"))
+    weights = [
+        w
+        for layer in model.layers
+        for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+    ]
+    assert {w.gemm_rows for w in [*weights, model.lm_head]} == {5}
+
+
 def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
     """One cheap look every `period` seconds; the median of the last five decides; BLAS
     follows."""
@@ -250,10 +315,12 @@ def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
         cpu, "follow_machine_load", lambda: follows.append(1) or follow()
     )
     monkeypatch.setattr(cpu, "busy_cores", lambda samples: looks.append(samples) or 0)
-    # never looked yet: its first call looks
-    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=60))
     monkeypatch.setattr(cpu, "_set_blas_threads", lambda threads: None)
     model = Model.from_folder(write_checkpoint(tmp_path))
+    # loading may look (choose_gemm_rows fits BLAS before it times the panels); from
+    # here on, never looked yet: the first call looks
+    looks.clear()
+    monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=60))
     cache = ContiguousKVCache(model.config, 1, 16, np, model.dtype)
 
     def decode(token):

@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from minipaged.llm import CommandParser
+from minipaged.model import cpu
 from minipaged.tools import chat, simulate
 from minipaged.tools.bench import cli as bench_cli
 from minipaged.tools.bench import projections
@@ -383,14 +384,24 @@ def test_bench_decode_runs_a_model_whose_vocabulary_is_under_10000(tiny):
     )
 
 
-@pytest.mark.parametrize("panels", ["1", "0"])
-def test_bench_projections_times_every_way_and_marks_the_engines(tiny, panels):
+@pytest.mark.parametrize(
+    "panels, gemm_rows, three",
+    [
+        ("1", "", "panels, split"),
+        ("1", "3", "blas gemm"),
+        ("0", "", "blas gemm"),
+    ],
+)
+def test_bench_projections_times_every_way_and_marks_the_engines(
+    tiny, panels, gemm_rows, three
+):
     """Each row count gets every way once, the engine's way marked once: the rule of
-    model/cpu.projection_path where the model holds panels, BLAS for every row count
-    where it does not (MINIPAGED_CPU_PANELS decides here, as panels_pay does at load);
-    the table names the rows, the ways and why."""
+    model/cpu.projection_path where the model holds panels (up to the GEMM's row count,
+    timed at load or MINIPAGED_GEMM_ROWS), BLAS for every row count where it does not
+    (MINIPAGED_CPU_PANELS decides here, as panels_pay does at load); the table names the
+    rows, the ways and why."""
     model = tiny()
-    env = {"MINIPAGED_CPU_PANELS": panels}
+    env = {"MINIPAGED_CPU_PANELS": panels, "MINIPAGED_GEMM_ROWS": gemm_rows}
     result = run(
         "minipaged.bench",
         "projections",
@@ -410,9 +421,19 @@ def test_bench_projections_times_every_way_and_marks_the_engines(tiny, panels):
         (n, way) for n in (1, 3) for way in projections.WAYS
     ]
     chosen = {r["rows"]: r["way"] for r in out["results"] if r["engine"]}
-    three = "panels, split" if panels == "1" else "blas gemm"
     assert chosen == {1: "blas gemm", 3: three}
     assert out["engine_uses_panels"] is (panels == "1")
+    if gemm_rows:
+        assert out["gemm_rows"] == 3
+        assert (
+            "2 to 2 rows take them, 3 and more the GEMM (MINIPAGED_GEMM_ROWS)"
+            in (out["why"])
+        )
+    elif panels == "1":
+        assert out["gemm_rows"] in (*cpu.GEMM_ROW_CHOICES, cpu.GEMM_ROWS)
+        assert "timed at load, choose_gemm_rows" in out["why"]
+    else:
+        assert out["gemm_rows"] is None
     assert all(r["ms"] > 0 and r["gb_per_s"] > 0 for r in out["results"])
     table = run(
         "minipaged.bench",
@@ -420,7 +441,7 @@ def test_bench_projections_times_every_way_and_marks_the_engines(tiny, panels):
         "--model",
         str(model),
         "--rows",
-        "2",
+        "3",
         "--repeats",
         "1",
         env=env,

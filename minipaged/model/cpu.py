@@ -1,8 +1,8 @@
 """How a projection `x @ w` is computed on this CPU: BLAS threads fitted to the
-machine's load (one per core no other program is using), and weight panels that make 2
-to 63 rows read each weight once. The model's forward never sees it: weights are made
-here, the load is followed between steps. The array backend itself (`xp`, the device) is
-minipaged.backend.
+machine's load (one per core no other program is using), and weight panels that make a
+few rows (2 to 23-63, timed per machine) read each weight once. The model's forward
+never sees it: weights are made here, the load is followed between steps. The array
+backend itself (`xp`, the device) is minipaged.backend.
 """
 
 from __future__ import annotations
@@ -213,22 +213,24 @@ def _blas_controllers():
 # What this machine's BLAS does in between (OpenBLAS in NumPy's wheel on a 2-core Xeon;
 # measured by `python -m minipaged.bench projections`,
 # bench/results/2026-12-02-cpu-2core-numpy-decode/):
-#   1 row     its matrix-vector code on 2 threads reads the weights at the copy
-#   bandwidth (about
-#             25 GB/s): one step's products in 20-21 ms, the floor.
-#   2-63      its GEMM packs (copies) each weight into cache-sized tiles at every call,
-#   then
-#             computes: 2.5x the time of reading it, so 2 rows took 3.5x one row. Kept
-#             as PANEL-row panels of the (out, in) layout, the product is a stack of
-#             small ones that its small-matrix kernel computes straight from memory: one
-#             core reads at 12-13 GB/s, near its own limit (15 GB/s for the
-#             matrix-vector code on one core). A second core needs a second thread, and
-#             each product hands half of its panels to it: about 90 us per hand-off here
-#             (a sleeping thread is woken, the GIL changes hands), 121 products a step,
-#             some 10 ms that the matrix-vector code never pays (its threads wait
-#             spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x,
-#             and 16 rows 2.8x.
-#   64+       packing pays for itself: one GEMM on the whole matrix.
+# - 1 row: its matrix-vector code on 2 threads reads the weights at the copy bandwidth
+#   (about 25 GB/s): one step's products in 20-21 ms, the floor.
+# - 2 rows and more: its GEMM packs (copies) each weight into cache-sized tiles at every
+#   call, then computes: 2.5x the time of reading it, so 2 rows took 3.5x one row. Kept
+#   as PANEL-row panels of the (out, in) layout, the product is a stack of small ones
+#   that its small-matrix kernel computes straight from memory: one core reads at 12-13
+#   GB/s, near its own limit (15 GB/s for the matrix-vector code on one core). A second
+#   core needs a second thread, and each product hands half of its panels to it: about
+#   90 us per hand-off here (a sleeping thread is woken, the GIL changes hands), 121
+#   products a step, some 10 ms that the matrix-vector code never pays (its threads
+#   wait spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x, and
+#   16 rows 2.8x.
+# - Many rows: packing pays for itself, and one GEMM on the whole matrix wins. From how
+#   many rows depends on the processor: on the 2-core Xeon (AVX-512) of
+#   bench/results/2026-12-05-cpu-2core-race/ from 24 (the small-matrix kernel slows
+#   down 2x past about 21 rows of SmolLM2's shapes: 16 rows 51 ms by panels, 75 by the
+#   GEMM; 24 rows 115 and 83 ms). So the model times its own step both ways at load
+#   (choose_gemm_rows) and each weight keeps the answer; 64 where the GEMM never wins.
 # Tried and dropped: one matrix-vector product per row (each row reads the weights
 # again: 2 rows 1.7-1.9x one row, 4 rows 2.6x; `bench projections` shows it), column
 # blocks of the (in, out) layout through the GEMM, panels of 16, 64 and 128 rows,
@@ -240,18 +242,21 @@ def _blas_controllers():
 
 # rows of (out, in) per panel: (16 x in x 32) stays under OpenBLAS's small-matrix size
 PANEL = 32
-# from this many rows on, packing pays for itself: one GEMM on the whole matrix
+# from this many rows on, one GEMM on the whole matrix, where choose_gemm_rows does not
+# find fewer
 GEMM_ROWS = 64
+# the row counts choose_gemm_rows tries, from the smallest up
+GEMM_ROW_CHOICES = (16, 24, 32, 48, 64)
 
 
-def projection_path(rows: int) -> str:
+def projection_path(rows: int, gemm_rows: int = GEMM_ROWS) -> str:
     """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is
-    made): "matrix-vector" for one row, "panels" for 2 to GEMM_ROWS - 1, "gemm" from
-    GEMM_ROWS on.
+    made): "matrix-vector" for one row, "panels" for 2 to gemm_rows - 1, "gemm" from
+    gemm_rows on (the weight's own, measured at load: choose_gemm_rows).
     """
     if rows == 1:
         return "matrix-vector"
-    return "panels" if rows < GEMM_ROWS else "gemm"
+    return "panels" if rows < gemm_rows else "gemm"
 
 
 class PanelWeight:
@@ -273,6 +278,8 @@ class PanelWeight:
         self.out_rows = np.ascontiguousarray(array.T)
         # (out/PANEL, PANEL, in), a view
         self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)
+        # from how many rows on the GEMM takes over (the model's choose_gemm_rows)
+        self.gemm_rows = GEMM_ROWS
 
     @property
     def nbytes(self) -> int:
@@ -287,7 +294,7 @@ class PanelWeight:
             raise ValueError(
                 f"x @ w: x {x.shape} does not match a weight of shape {self.shape}"
             )
-        if projection_path(len(x)) == "panels":
+        if projection_path(len(x), self.gemm_rows) == "panels":
             return self.by_panels(x)
         # BLAS: its matrix-vector code for one row, its GEMM for many
         return x @ self.dense()
@@ -339,6 +346,64 @@ def panels_pay() -> bool:
         return min(times)
 
     return best(lambda: x @ panels) < best(lambda: x @ w)
+
+
+def choose_gemm_rows(weights: list) -> int:
+    """From how many rows BLAS's GEMM beats the panels on this machine, for a step that
+    multiplies by each of `weights` (PanelWeights) once. Whole steps of products are
+    timed both ways, the panels first, the faster of two passes counting, at each row
+    count of GEMM_ROW_CHOICES from the smallest up; the answer is the first count where
+    the GEMM wins (GEMM_ROWS where it never does). Timed once per process and set of
+    shapes, with BLAS fitted to the machine's load first: 0.6-0.8 s for SmolLM2-135M on
+    2 cores. MINIPAGED_GEMM_ROWS=N answers N untimed.
+
+    Why whole steps: a step reads its weights from memory, and the GEMM packs (copies)
+    them, which costs more there than on weights just read; and the panels' helper
+    thread runs slow for its first 50-100 ms of work after an idle spell, or after a
+    GEMM whose threads still spin on the cores it needs.
+    """
+    chosen = os.environ.get("MINIPAGED_GEMM_ROWS", "")
+    if chosen:
+        if not chosen.isdigit() or int(chosen) < 2:
+            raise ValueError(
+                f"MINIPAGED_GEMM_ROWS={chosen!r}: give a whole number of rows, 2 or"
+                " more"
+            )
+        return int(chosen)
+    shapes = tuple(w.shape for w in weights)
+    if shapes not in _gemm_rows_seen:
+        fit_blas_threads(samples=3)
+        _gemm_rows_seen[shapes] = _time_gemm_rows(weights)
+    return _gemm_rows_seen[shapes]
+
+
+# choose_gemm_rows's answers in this process, by the shapes it was given
+_gemm_rows_seen: dict = {}
+
+
+def _time_gemm_rows(weights: list) -> int:
+    def step_seconds(way: str, rows: int) -> float:
+        xs = {n: np.full((rows, n), 0.5, weights[0].dtype) for n in widths}
+        return min(_seconds(way, weights, xs) for _ in range(2))
+
+    widths = {w.shape[0] for w in weights}
+    step_seconds("panels", GEMM_ROW_CHOICES[0])  # a pass to warm up
+    for rows in GEMM_ROW_CHOICES:
+        if step_seconds("gemm", rows) < step_seconds("panels", rows):
+            return rows
+    return GEMM_ROWS
+
+
+def _seconds(way: str, weights: list, xs: dict) -> float:
+    """How long the products of x by `weights` take one way ("panels" or "gemm")."""
+    start = time.perf_counter()
+    for w in weights:
+        x = xs[w.shape[0]]
+        if way == "panels":
+            w.by_panels(x)
+        else:
+            x @ w.dense()
+    return time.perf_counter() - start
 
 
 def _split(work, n: int, cores: int) -> None:

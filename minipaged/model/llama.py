@@ -107,7 +107,24 @@ class Model:
         )
         # (hidden, vocab)
         self.lm_head = cpu.projection_weight(get(lm_head).T, xp, self.dtype)
+        if isinstance(self.lm_head, cpu.PanelWeight):
+            self.choose_gemm_rows()
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
+
+    def choose_gemm_rows(self) -> int:
+        """On a CPU with weight panels: from how many rows the products take BLAS's
+        GEMM instead, timed on this model's weights (model/cpu.py's choose_gemm_rows)
+        and set on every weight."""
+        weights = [
+            w
+            for layer in self.layers
+            for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        ]
+        weights.append(self.lm_head)
+        rows = cpu.choose_gemm_rows(weights)
+        for w in weights:
+            w.gemm_rows = rows
+        return rows
 
     @classmethod
     def from_folder(cls, folder, device: str = "cpu", dtype: str = "float32") -> Model:

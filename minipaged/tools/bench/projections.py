@@ -95,8 +95,10 @@ def bench_projections(args) -> dict:
         "panels, split": lambda w, x: w.by_panels(x, cores=cores),
     }
     # the model's own weights say which way its loading chose (panels_pay, or the
-    # MINIPAGED_CPU_PANELS switch)
+    # MINIPAGED_CPU_PANELS switch), and from how many rows the GEMM takes over
+    # (choose_gemm_rows, or MINIPAGED_GEMM_ROWS)
     panels = isinstance(model.layers[0].wqkv, cpu.PanelWeight)
+    gemm_rows = model.layers[0].wqkv.gemm_rows if panels else None
     rng = np.random.default_rng(0)
     rows_out = []
     for rows in tqdm(args.rows, desc="projections", unit="row count"):
@@ -104,7 +106,7 @@ def bench_projections(args) -> dict:
             n: rng.standard_normal((rows, n)).astype(model.dtype)
             for n in {w.shape[0] for w in weights}
         }
-        chosen = engine_way(rows, panels)
+        chosen = engine_way(rows, gemm_rows)
         for name, way in ways.items():
             seconds = best_time(
                 lambda way=way, xs=xs: [way(w, xs[w.shape[0]]) for w in weights],
@@ -132,7 +134,8 @@ def bench_projections(args) -> dict:
         "copy_bytes_per_s": limits["copy_bytes_per_s"],
         "handoff_us": None if handoff is None else 1e6 * handoff,
         "engine_uses_panels": panels,
-        "why": panels_reason(panels),
+        "gemm_rows": gemm_rows,
+        "why": panels_reason(gemm_rows),
         "results": rows_out,
     }
     if not args.json:
@@ -140,30 +143,42 @@ def bench_projections(args) -> dict:
     return result
 
 
-def engine_way(rows: int, panels: bool) -> str:
+def engine_way(rows: int, gemm_rows: int | None) -> str:
     """The way the engine computes a step of `rows` rows: BLAS (its matrix-vector code
-    for one row, its GEMM for many) unless the model holds panels and
-    projection_path(rows) says "panels"."""
+    for one row, its GEMM for many) unless the model holds panels (gemm_rows: from how
+    many rows they give way to the GEMM; None: no panels) and projection_path says
+    "panels"."""
     from minipaged.model import cpu
 
-    if panels and cpu.projection_path(rows) == "panels":
+    if gemm_rows and cpu.projection_path(rows, gemm_rows) == "panels":
         return "panels, split"
     return "blas gemm"
 
 
-def panels_reason(panels: bool) -> str:
-    """Why the model holds panels or plain arrays, in a sentence."""
+def panels_reason(gemm_rows: int | None) -> str:
+    """Why the model holds panels or plain arrays, and which rows take them, in a
+    sentence."""
+    panels = gemm_rows is not None
     choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
     if choice in ("0", "1"):
-        return f"MINIPAGED_CPU_PANELS={choice} chose {'panels' if panels else 'BLAS'}"
-    if panels:
+        reason = f"MINIPAGED_CPU_PANELS={choice} chose {'panels' if panels else 'BLAS'}"
+    elif panels:
+        reason = "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay)"
+    else:
         return (
-            "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay), so "
-            "2 to 63 rows take them"
+            "no panels: at load this BLAS's GEMM was as fast at 2 rows (panels_pay),"
+            " so every row count takes BLAS"
         )
+    if not panels:
+        return reason
+    how = (
+        "MINIPAGED_GEMM_ROWS"
+        if os.environ.get("MINIPAGED_GEMM_ROWS")
+        else "timed at load, choose_gemm_rows"
+    )
     return (
-        "no panels: at load this BLAS's GEMM was as fast at 2 rows (panels_pay), so "
-        "every row count takes BLAS"
+        f"{reason}; 2 to {gemm_rows - 1} rows take them, {gemm_rows} and more the GEMM"
+        f" ({how})"
     )
 
 
