@@ -80,18 +80,30 @@ def test_float16_queries_and_caches_come_back_float16():
     )
 
 
+def coded(k_full, v_full, tables, lens, dtype):
+    """8-bit caches of `dtype` holding the sequences' K and V as the built-in codec
+    codes them: (k_cache, v_cache, k_scales, v_scales)."""
+    kvh, head_dim = k_full.shape[2:]
+    slots = slots_of(tables, lens)
+    caches = []
+    for full in (k_full, v_full):
+        cache = np.zeros(full.shape, dtype)
+        scales = np.zeros(full.shape[:3], np.float16)
+        reference.write_coded(
+            full.reshape(-1, kvh, head_dim)[slots], cache, scales, slots
+        )
+        caches.append((cache, scales))
+    (k_cache, k_scales), (v_cache, v_scales) = caches
+    return k_cache, v_cache, k_scales, v_scales
+
+
 @pytest.mark.parametrize("code", ["int8", "fp8"])
 def test_8bit_caches_decode_as_the_reference_does(code):
     rng = np.random.default_rng(3)
     q, k_full, v_full, tables, lens = scattered(rng, 9, 3, [6, 17, 2])
-    codec = codecs.CODECS[code]
-    k_cache = np.zeros(k_full.shape, codec.dtype)
-    v_cache = np.zeros(v_full.shape, codec.dtype)
-    k_scales = np.zeros(k_full.shape[:3], np.float16)
-    v_scales = np.zeros(v_full.shape[:3], np.float16)
-    slots = slots_of(tables, lens)
-    reference.write_coded(k_full.reshape(-1, 3, 8)[slots], k_cache, k_scales, slots)
-    reference.write_coded(v_full.reshape(-1, 3, 8)[slots], v_cache, v_scales, slots)
+    k_cache, v_cache, k_scales, v_scales = coded(
+        k_full, v_full, tables, lens, codecs.CODECS[code].dtype
+    )
     scales = dict(k_scales=k_scales, v_scales=v_scales)
     want = reference.decode(q, k_cache, v_cache, tables, lens, 0.3, **scales)
     got = cpu.decode(q, k_cache, v_cache, tables, lens, 0.3, **scales)
@@ -110,14 +122,8 @@ def test_a_callers_codec_is_used_to_decode():
 
     rng = np.random.default_rng(4)
     q, k_full, v_full, tables, lens = scattered(rng, 4, 2, [5, 8])
-    k_cache = np.zeros(k_full.shape, np.int8)
-    v_cache = np.zeros(v_full.shape, np.int8)
-    k_scales = np.zeros(k_full.shape[:3], np.float16)
-    v_scales = np.zeros(v_full.shape[:3], np.float16)
-    slots = slots_of(tables, lens)
-    reference.write_coded(k_full.reshape(-1, 2, 8)[slots], k_cache, k_scales, slots)
-    reference.write_coded(v_full.reshape(-1, 2, 8)[slots], v_cache, v_scales, slots)
-    args = (q, k_cache, v_cache, tables, lens, 0.3, k_scales, v_scales)
+    caches = coded(k_full, v_full, tables, lens, np.int8)
+    args = (q, *caches[:2], tables, lens, 0.3, *caches[2:])
     plain = cpu.decode(*args)
     halved = cpu.decode(*args, codec=Halved())
     np.testing.assert_allclose(
