@@ -1,8 +1,8 @@
 """Paged attention in NumPy: the executable specification the kernels are tested
-against, whose prefill a CPU runs (minipaged.attention.cpu). K/V are gathered through the
-block tables into contiguous arrays (`gather`), then attention is the usual softmax(q k^T
-* scale) v (`attend`). An 8-bit cache (kv_cache_dtype "int8", "fp8" or a codec) is coded
-in write_kv, decoded in gather.
+against, whose prefill a CPU runs (minipaged.attention.cpu). K/V are gathered through
+the block tables into contiguous arrays (`gather`), then attention is the usual
+softmax(q k^T * scale) v (`attend`). An 8-bit cache (kv_cache_dtype "int8", "fp8" or a
+codec) is coded in write_kv, decoded in gather.
 """
 
 from __future__ import annotations
