@@ -354,7 +354,7 @@ def choose_gemm_rows(weights: list) -> int:
     timed both ways, the panels first, the faster of two passes counting, at each row
     count of GEMM_ROW_CHOICES from the smallest up; the answer is the first count where
     the GEMM wins (GEMM_ROWS where it never does). Timed once per process and set of
-    shapes, with BLAS fitted to the machine's load first: 0.6-0.8 s for SmolLM2-135M on
+    shapes, with BLAS fitted to the machine's load first: 0.8-0.9 s for SmolLM2-135M on
     2 cores. MINIPAGED_GEMM_ROWS=N answers N untimed.
 
     Why whole steps: a step reads its weights from memory, and the GEMM packs (copies)

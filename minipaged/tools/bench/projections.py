@@ -157,27 +157,25 @@ def engine_way(rows: int, gemm_rows: int | None) -> str:
 
 def panels_reason(gemm_rows: int | None) -> str:
     """Why the model holds panels or plain arrays, and which rows take them, in a
-    sentence."""
-    panels = gemm_rows is not None
+    sentence (gemm_rows: the model's, None where it holds no panels)."""
     choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
-    if choice in ("0", "1"):
-        reason = f"MINIPAGED_CPU_PANELS={choice} chose {'panels' if panels else 'BLAS'}"
-    elif panels:
-        reason = "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay)"
-    else:
+    if gemm_rows is None:
+        if choice == "0":
+            return "MINIPAGED_CPU_PANELS=0 chose BLAS for every row count"
         return (
             "no panels: at load this BLAS's GEMM was as fast at 2 rows (panels_pay),"
             " so every row count takes BLAS"
         )
-    if not panels:
-        return reason
-    how = (
-        "MINIPAGED_GEMM_ROWS"
-        if os.environ.get("MINIPAGED_GEMM_ROWS")
-        else "timed at load, choose_gemm_rows"
-    )
+    if choice == "1":
+        why = "MINIPAGED_CPU_PANELS=1 chose panels"
+    else:
+        why = "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay)"
+    if os.environ.get("MINIPAGED_GEMM_ROWS"):
+        how = "MINIPAGED_GEMM_ROWS"
+    else:
+        how = "timed at load, choose_gemm_rows"
     return (
-        f"{reason}; 2 to {gemm_rows - 1} rows take them, {gemm_rows} and more the GEMM"
+        f"{why}; 2 to {gemm_rows - 1} rows take them, {gemm_rows} and more the GEMM"
         f" ({how})"
     )
 
