@@ -31,6 +31,9 @@ class EngineConfig:
     swap_space: int = 0  # host frames for preemption by swap; 0: up to 4 GiB worth
     max_model_len: int = 0  # 0: the model's, capped by what the KV cache holds
     max_num_seqs: int = 64
+    # decode rows per step while several clients' requests run: each client's first,
+    # then the waiting order's choice; 0: every running row
+    max_decode_rows: int = 0
     # 0: max(4096, max_model_len); 512 with chunked prefill
     max_num_batched_tokens: int = 0
     enable_prefix_caching: bool = True
@@ -124,6 +127,7 @@ class EngineConfig:
         sized)."""
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
+            max_decode_rows=self.max_decode_rows,
             max_num_batched_tokens=self.max_num_batched_tokens,
             preemption_mode=self.preemption_mode,
             watermark=self.watermark,

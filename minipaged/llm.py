@@ -31,7 +31,8 @@ class LLM:
 
     Keyword arguments after `dtype` configure the engine (see EngineConfig): block_size,
     kv_cache_memory or num_blocks, kv_cache_dtype ("auto", or 8-bit "int8" / "fp8"),
-    max_model_len, max_num_seqs, enable_prefix_caching, preemption_mode ("recompute" or
+    max_model_len, max_num_seqs, max_decode_rows (while several clients run; 0: no
+    bound), enable_prefix_caching, preemption_mode ("recompute" or
     "swap"), scheduler ("continuous" or "static"), allocator ("paged" or
     "contiguous-max/pow2/oracle"), enable_chunked_prefill, max_num_batched_tokens.
 

@@ -55,6 +55,9 @@ class Batch:
 @dataclass(slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
+    # decode rows per step while several clients run (each client's first row
+    # always); 0: every running row
+    max_decode_rows: int = 0
     # tokens per step; 0: 512 with chunked prefill, else max(4096, max_model_len)
     max_num_batched_tokens: int = 0
     preemption_mode: str = "recompute"  # or "swap"
@@ -90,6 +93,7 @@ class SchedulerConfig:
                 f"watermark must be a fraction in [0, 1), got {self.watermark!r}"
             )
         check_size("max_num_seqs", self.max_num_seqs, minimum=1)
+        check_size("max_decode_rows", self.max_decode_rows, minimum=0)
         check_size("max_num_batched_tokens", self.max_num_batched_tokens, minimum=0)
         if not self.max_num_batched_tokens:
             self.max_num_batched_tokens = max(4096, self.max_model_len)
@@ -100,6 +104,7 @@ class SchedulerConfig:
             chunked_prefill=self.chunked_prefill,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            max_decode_rows=self.max_decode_rows,
         )
 
 
@@ -108,7 +113,10 @@ class Scheduler:
     `running` (frames on the device) and `swapped` (frames in host memory). Each
     `schedule()`:
 
-    1. Running requests each get a slot for their next token. When frames run out, a
+    1. Running requests each get a slot for their next token (with `max_decode_rows`,
+       while several clients' requests run: each client's first, then the waiting
+       order's choice within the bound; the others keep their frames and sit the step
+       out). When frames run out, a
        request is preempted (`victim`'s choice; by default the most recently admitted):
        by *recompute* (its frames are freed and it goes back to the front of `waiting`,
        to be prefilled again) or by *swap* (its frames are copied to host memory and it
@@ -318,10 +326,11 @@ class Scheduler:
         """
         queue = deque(self.running)
         self.running = []
+        resting = self._resting(queue)
         while queue:
             request = queue.popleft()
-            # its prompt's frames are mapped: it needs no slot
-            if request in self.prefilling:
+            # its prompt's frames are mapped, or it sits out: it needs no slot
+            if request in self.prefilling or request in resting:
                 self.running.append(request)
                 continue
             while not self.blocks.can_append_slots(*[s.seq_id for s in request.live]):
@@ -335,6 +344,33 @@ class Scheduler:
                     break
             else:
                 self._schedule_decode(request, batch)
+
+    def _resting(self, running) -> list[Request]:
+        """The running requests that sit this step out. While requests of several
+        clients run and their rows exceed max_decode_rows, the waiting order ranks
+        them; each client's first decodes, then the others in rank while the rows stay
+        within the bound. The rest wait with their frames.
+        """
+        limit = self.config.max_decode_rows
+        ready = [r for r in running if r not in self.prefilling]
+        clients = {r.client for r in ready}
+        rows = sum(r.width for r in ready)
+        if not limit or rows <= limit or len(clients) < 2:
+            return []
+        ranked = checks.rank(self.order, ready, self.steps, self.policy_errors)
+        first = {}
+        for request in ranked:
+            first.setdefault(request.client, request)
+        rows = sum(r.width for r in first.values())
+        resting = []
+        for request in ranked:
+            if first[request.client] is request:
+                continue
+            if rows + request.width > limit:
+                resting.append(request)
+            else:
+                rows += request.width
+        return resting
 
     def _swap_in(self, batch: Batch) -> None:
         while self.swapped:

@@ -258,9 +258,39 @@ display(room_chart(result))
 # order to order. What the participants share is the step, and a CPU's step costs more the more
 # rows it has: their 16 tokens take as long as the batch is wide. The bound keeps the batch narrow
 # by refusing. Fair queuing pays where requests wait (a small pool, few rows, a flood larger than
-# the batch), as above; a fair share of the rows themselves would need a seam in the step that
-# preempts the most served client's running request when a less served one waits
-# (`docs/14_fair_queuing.md`).
+# the batch), as above.
+#
+# ## A bound on the step's rows, which the order fills
+#
+# So the server bounds the step's width instead: `--max-decode-rows N`. While several clients'
+# requests run, each client's first decodes and the others in the waiting order's rank, at most N
+# rows in all; the rest keep their frames and sit the step out. Its default on a CPU is 12. The
+# same room at several bounds, committed from a 2-core Xeon (`docs/14_fair_queuing.md`):
+
+# %%
+rows = json.loads(
+    (RESULTS / "2026-12-05-cpu-2core-room-rows" / "sweep-2.json").read_text()
+)
+display(room_chart(rows))
+bounded = [name for name in rows["runs"] if name.startswith("flood_rows_")][1:]
+display(
+    Markdown(
+        f"With every row the participants take {rows['flood_rows_0_vs_alone_e2e_p50']:.1f}x"
+        f" their time alone and the flooder keeps {rows['flood_rows_0_flooder_share_of_idle']:.0%}"
+        " of its idle rate; bounded, "
+        + "; ".join(
+            f"{rows['runs'][name]}: {rows[f'{name}_vs_alone_e2e_p50']:.2f}x and"
+            f" {rows[f'{name}_flooder_share_of_idle']:.0%}"
+            for name in bounded
+        )
+        + "."
+    )
+)
+
+# %% [markdown]
+# The bound brings the participants back near their time alone, and the flooder pays while they
+# run (alone it decodes every row). No bound meets both aims on a CPU whose step costs more the
+# more rows it has.
 
 # %% [markdown]
 # ## Exercises

@@ -410,22 +410,23 @@ def test_the_core_stays_within_its_token_budget():
     """engine + scheduler + runner hold the mechanism only. Counted in code tokens,
     which a formatter cannot hide: 6,072 before issue 38 (734 dense lines), 7,249
     after it spelled the step out (named steps, keyword arguments, one assignment a
-    line). Raise the budget for clarity; move an idea onto a seam (policies/)."""
+    line), 7,756 with max_decode_rows (issue 41: who sits a step out). Raise the budget
+    for clarity; move an idea onto a seam (policies/)."""
     tokens = sum(len(code_tokens(MODULES[m].read_text())) for m in CORE)
-    assert tokens <= 7_600, f"the three core files have {tokens} code tokens"
+    assert tokens <= 7_800, f"the three core files have {tokens} code tokens"
 
 
 def test_the_steps_call_tree_stays_small():
     """Followed from LLMEngine.step through the three files: 47 functions of 631
-    formatted lines after issue 38, 50 and 669 with issue 41's checked seams (31 dense
-    functions of 341 lines before; nano-vllm's step: 11 functions, 170 lines, no
-    docstrings)."""
+    formatted lines after issue 38, 50 and 669 with issue 41's checked seams, 51 and
+    696 with its bound on the decode rows (31 dense functions of 341 lines before;
+    nano-vllm's step: 11 functions, 170 lines, no docstrings)."""
     functions = core_functions()
     tree = step_call_tree()
     lines = sum(functions[k].end_lineno - functions[k].lineno + 1 for k in tree)
     # the walk finds the step
     assert ("Scheduler", "_admit") in tree and ("ModelRunner", "prepare") in tree
-    assert len(tree) <= 50 and lines <= 680, (
+    assert len(tree) <= 52 and lines <= 710, (
         f"{len(tree)} functions, {lines} lines: {sorted(tree, key=str)}"
     )
 

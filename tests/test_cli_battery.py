@@ -63,6 +63,7 @@ ZERO_IS_VALID = {  # (command, option) -> what zero means there
     ("serve", "--max-waiting"): "no request queues beyond --max-num-seqs",
     ("serve", "--max-concurrent-per-client"): "no bound on one client's share",
     ("serve", "--kv-offload-frames"): "no drum: evicted prefix blocks are dropped",
+    ("serve", "--max-decode-rows"): "every running row decodes each step",
     **{
         (f"bench {name}", "--seed"): SEED
         for name in (

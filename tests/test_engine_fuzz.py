@@ -133,6 +133,9 @@ class Scenario:
     admission_window: int = 16
     # or "int8" / "fp8": the 8-bit KV cache (compressed memory)
     kv_cache_dtype: str = "auto"
+    # decode rows per step while several clients run (0: every row); requests then
+    # come from three clients
+    max_decode_rows: int = 0
 
     @classmethod
     def draw(cls, seed: int) -> Scenario:
@@ -204,6 +207,10 @@ class Scenario:
         storage = np.random.default_rng([BASE_SEED, seed, 7])
         if storage.random() < 0.25:
             changes["kv_cache_dtype"] = ("int8", "fp8")[int(storage.integers(2))]
+        # who sits a step out, a stream of its own
+        width = np.random.default_rng([BASE_SEED, seed, 8])
+        if sc.scheduler == "continuous" and width.random() < 0.3:
+            changes["max_decode_rows"] = int(width.choice([1, 2, 3]))
         return replace(sc, **changes)
 
     def short(self) -> str:
@@ -219,6 +226,20 @@ class Scenario:
 
 # One feature pair each: the places where defects were found before (see issue 10).
 NAMED = {
+    # issue 41: requests sitting a step out while frames run short
+    "decode-rows-tight-swap": Scenario(
+        0, max_decode_rows=1, preemption_mode="swap", num_requests=8, abort_rate=0.05
+    ),
+    "decode-rows-chunked-speculative": Scenario(
+        0,
+        max_decode_rows=2,
+        chunked_prefill=True,
+        max_num_batched_tokens=3,
+        speculative="ngram",
+        num_speculative_tokens=2,
+        kinds=("greedy", "sampled", "samples"),
+        num_requests=8,
+    ),
     "tight-samples-recompute": Scenario(
         0,
         kinds=("samples",),
@@ -1138,6 +1159,7 @@ def engine_options(sc: Scenario) -> dict:
             else None
         ),
         "prefix_cache_policy": sc.prefix_cache_policy,
+        "max_decode_rows": sc.max_decode_rows,
         "scheduling_policy": sc.scheduling_policy,
         "kv_offload_frames": sc.kv_offload_frames,
         "admission": sc.admission,
@@ -1234,7 +1256,7 @@ def run_scenario(llm, sc: Scenario, stats: Stats | None = None) -> Stats:
             )
             urgency |= (
                 {"client": f"c{int(r.rid[1:]) % 3}"}
-                if sc.scheduling_policy == "fair"
+                if sc.scheduling_policy == "fair" or sc.max_decode_rows
                 else {}
             )
             engine.add_request(

@@ -157,6 +157,7 @@ def check_options(
     offload_path=None,
     max_num_batched_tokens: int = 0,
     max_model_len: int = 0,
+    max_decode_rows: int = 0,
 ) -> None:
     """Which options combine, in one place: each refusal names both options and why."""
     static, paged = batching == "static", allocator == "paged"
@@ -167,6 +168,13 @@ def check_options(
                 f"max_num_batched_tokens={max_num_batched_tokens} is below"
                 f" max_model_len={max_model_len}: a long prompt could never be"
                 " prefilled (unless enable_chunked_prefill=True)"
+            ),
+        ),
+        (
+            max_decode_rows and static,
+            (
+                "max_decode_rows needs scheduler='continuous': a static batch runs"
+                " every row of its batch each step until the last one finishes"
             ),
         ),
         (

@@ -103,6 +103,20 @@ def pick(order, waiting, now: int, errors: list):
         return waiting[0]
 
 
+def rank(order, requests, now: int, errors: list) -> list:
+    """`requests` in the waiting order's choice: pick, then pick again among the rest
+    (each answer checked as `pick`'s; a failure ranks the rest as given)."""
+    left, ranked = list(requests), []
+    while left:
+        before = len(errors)
+        request = pick(order, left, now, errors)
+        if len(errors) > before:
+            return ranked + left
+        left.remove(request)
+        ranked.append(request)
+    return ranked
+
+
 def victim(policy, candidates: list, errors: list):
     """The victim policy's choice among a copy of `candidates` (the request that must
     grow, then the others not yet scheduled); when it fails, the default's: the

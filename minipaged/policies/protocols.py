@@ -16,15 +16,16 @@ from minipaged.sequence import Request
 
 class WaitingOrder(Protocol):
     """Which waiting request admission tries next (if it does not fit, nobody else is
-    tried)."""
+    tried). With `max_decode_rows`, the same `pick` also ranks the running requests
+    whose rows a step cannot all hold: asked again without each one it picked."""
 
     # does it read `request.priority` (vLLM's `priority=`)? Others refuse one
     uses_priority: bool
 
     def pick(self, waiting: Seq[Request], now: int) -> Request:
         """One of `waiting` (queue order: requests preempted by recompute at the front,
-        then arrivals oldest first); `now` is the scheduler's step count,
-        `request.arrival` its step.
+        then arrivals oldest first; running requests in the order they were admitted);
+        `now` is the scheduler's step count, `request.arrival` its step.
         """
 
     # optional (checks.served): an order that counts service, as fair queuing does,

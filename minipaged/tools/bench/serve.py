@@ -8,6 +8,7 @@ bounded, unbounded, fair).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import re
@@ -41,27 +42,47 @@ FLOOD_PROMPT = (
 PHASE_SECONDS = 600
 # the flooder alone on an idle server: its tokens/s, measured this long
 FLOOD_ALONE_SECONDS = 15.0
-ROOM_SERVERS = [  # (name, server options, runs: (result key, participants?, flooding?))
-    (
-        "defaults",
-        [],
-        [
-            ("alone", True, False),
-            ("flooder_alone_defaults", False, True),
-            ("flood", True, True),
-        ],
-    ),
-    (
-        "no_bound",
-        ["--max-concurrent-per-client", "0"],
-        [("flooder_alone_no_bound", False, True), ("flood_no_bound", True, True)],
-    ),
-    (
-        "fair",
-        ["--scheduling-policy", "fair"],
-        [("flooder_alone_fair", False, True), ("flood_fair", True, True)],
-    ),
-]
+
+
+def room_servers(decode_rows: list[int]) -> list[tuple[str, str, list[str], list]]:
+    """(name, label, server options, runs: (result key, participants?, flooding?)) of
+    each server the room runs on: the defaults (the participants alone there too), fcfs
+    with every row decoded each step, and fair with each --room-decode-rows bound."""
+    servers = [
+        (
+            "defaults",
+            "the server's defaults",
+            [],
+            [
+                ("alone", True, False),
+                ("flooder_alone_defaults", False, True),
+                ("flood", True, True),
+            ],
+        ),
+        (
+            "fcfs",
+            "fcfs, every row",
+            ["--scheduling-policy", "fcfs", "--max-decode-rows", "0"],
+            [("flooder_alone_fcfs", False, True), ("flood_fcfs", True, True)],
+        ),
+    ]
+    for rows in decode_rows:
+        label = f"fair, {rows} decode rows" if rows else "fair, every row"
+        options = ["--scheduling-policy", "fair", "--max-decode-rows", str(rows)]
+        runs = [(f"flooder_alone_rows_{rows}", False, True)]
+        runs.append((f"flood_rows_{rows}", True, True))
+        servers.append((f"rows_{rows}", label, options, runs))
+    return servers
+
+
+def row_counts(text: str) -> list[int]:
+    """--room-decode-rows: a comma-separated list of counts >= 0, checked now."""
+    counts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in counts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of row counts (0 or more)"
+        )
+    return sorted(set(map(int, counts)))
 
 
 def add_arguments(parser) -> None:
@@ -114,8 +135,8 @@ def add_arguments(parser) -> None:
             " above; room: --room-clients participants share --requests short requests"
             f" (a {ROOM_PROMPT}-token prompt, {ROOM_TOKENS} tokens), alone and beside"
             " one client flooding --flood-streams long chats with no max_tokens,"
-            " against the server's default options (fcfs, a per-client bound), without"
-            " the bound, and with --scheduling-policy fair; and the flooder alone on"
+            " against the server's default options, fcfs with every row decoded each"
+            " step, and fair with each --room-decode-rows; and the flooder alone on"
             " each (default %(default)s)"
         ),
     )
@@ -132,6 +153,15 @@ def add_arguments(parser) -> None:
         help=(
             "room: the flooding client's requests in flight at once (default"
             " %(default)s)"
+        ),
+    )
+    parser.add_argument(
+        "--room-decode-rows",
+        type=row_counts,
+        default=[0],
+        help=(
+            "room: a fair server with each of these --max-decode-rows (0: every row),"
+            " beside the defaults and fcfs, e.g. 0,8,12,16 (default 0)"
         ),
     )
     parser.add_argument(
@@ -616,10 +646,8 @@ def room_summary(rows: list[dict | None], seconds: float) -> dict:
 
 
 def bench_room(args) -> dict:
-    """The room: participants alone, beside a flood (default options), beside it without
-    the bound, beside it with fair queuing; the flooder alone on each server, and its
-    share beside them.
-    """
+    """The room: participants alone, then beside a flood on each server (room_servers);
+    the flooder alone on each server, and its share beside them."""
     llm = load(args, num_blocks=64)[0]
     folder, device, plans = (
         llm.folder,
@@ -627,6 +655,7 @@ def bench_room(args) -> dict:
         room_plan(args, llm.model.config.vocab_size),
     )
     del llm  # the server loads its own copy
+    servers = room_servers(args.room_decode_rows)
     result = {
         "workload": "room",
         "device": device,
@@ -636,8 +665,9 @@ def bench_room(args) -> dict:
         "short_prompt_tokens": ROOM_PROMPT,
         "short_max_tokens": ROOM_TOKENS,
         "flood_streams": args.flood_streams,
+        "runs": {runs[-1][0]: label for _, label, _, runs in servers},
     }
-    for server, options, runs in ROOM_SERVERS:
+    for server, _, options, runs in servers:
         process, url, banner = start_server(args, folder, options)
         result[f"server_{server}"] = {"options": options, "printed": banner[:2]}
         try:
@@ -661,11 +691,18 @@ def bench_room(args) -> dict:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    # the flooder alone, nothing refused
-    idle = result["flooder_alone_no_bound"]["flood"]["tokens_per_s"]
-    for (server, _, _), name in zip(
-        ROOM_SERVERS, ("flood", "flood_no_bound", "flood_fair")
-    ):
+    room_shares(result, servers)
+    show(args, room_chart(result), room_table(result))
+    return result
+
+
+def room_shares(result: dict, servers) -> None:
+    """Each flood run's participants' p50 as a multiple of alone, and the flooder's
+    share: of its tok/s alone on the same server, and of its tok/s alone on fcfs's
+    (every row, nothing refused: its idle rate)."""
+    idle = result["flooder_alone_fcfs"]["flood"]["tokens_per_s"]
+    for server, _, _, runs in servers:
+        name = runs[-1][0]
         for key in ("e2e", "ttft"):
             result[f"{name}_vs_alone_{key}_p50"] = (
                 result[name][f"short_{key}_p50"] / result["alone"][f"short_{key}_p50"]
@@ -675,23 +712,24 @@ def bench_room(args) -> dict:
             tokens_per_s / result[f"flooder_alone_{server}"]["flood"]["tokens_per_s"]
         )
         result[f"{name}_flooder_share_of_idle"] = tokens_per_s / idle
-    result["within_2x"] = result["flood_vs_alone_e2e_p50"] <= 2
-    result["fair_meets_aims"] = (
-        result["flood_fair_vs_alone_e2e_p50"] <= 1.3
-        and result["flood_fair_flooder_share_of_idle"] >= 0.8
-    )
-    show(args, room_chart(result), room_table(result))
-    return result
+        result[f"{name}_meets_aims"] = (
+            result[f"{name}_vs_alone_e2e_p50"] <= 1.3
+            and result[f"{name}_flooder_share_of_idle"] >= 0.8
+        )
+
+
+# the runs of a result written before room_servers (fcfs with a per-client bound then)
+EARLIER_RUNS = {
+    "flood": "fcfs, bound 4 (defaults)",
+    "flood_no_bound": "fcfs, no bound",
+    "flood_fair": "fair queuing",
+}
 
 
 def room_chart(result: dict) -> BarChart:
     """The participants' median short request beside the flood, as a multiple of alone,
     per server."""
-    runs = {
-        "flood": "fcfs, bound 4 (defaults)",
-        "flood_no_bound": "fcfs, no bound",
-        "flood_fair": "fair queuing",
-    }
+    runs = result.get("runs", EARLIER_RUNS)
     labels = [
         f"{label}: flooder {result[f'{name}_flooder_share_of_idle']:.0%} of its tok/s"
         " on an idle server"
@@ -707,6 +745,8 @@ def room_chart(result: dict) -> BarChart:
 
 
 def room_table(result: dict) -> str:
+    runs = result.get("runs", EARLIER_RUNS)
+    width = max(len(label) for label in runs.values()) + 2
     lines = [
         (
             f"{result['room_clients']} participants, {result['short_requests']} short"
@@ -715,35 +755,29 @@ def room_table(result: dict) -> str:
             f" {result['device']}"
         ),
         (
-            f"  {'':<16}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}"
+            f"  {'':<{width}}{'e2e p50':>9}{'p99':>8}{'ttft p50':>10}{'p99':>8}"
             f"{'vs alone':>10}{'flood 429s':>12}{'flood tok/s':>13}{'share':>7}"
             f"{'of idle':>9}"
         ),
     ]
-    for name in ("alone", "flood", "flood_no_bound", "flood_fair"):
+    for name, label in {"alone": "alone (no flood)", **runs}.items():
         r, flood = result[name], result[name].get("flood", {})
-        ratio = (
-            f"{result[f'{name}_vs_alone_e2e_p50']:9.2f}x"
-            if name != "alone"
-            else f"{'':>10}"
-        )
-        share = (
-            f"{flood['tokens_per_s']:13.1f}{result[f'{name}_flooder_share']:7.0%}"
-            f"{result[f'{name}_flooder_share_of_idle']:9.0%}"
-            if flood
-            else ""
-        )
+        ratio = f"{'':>10}"
+        if name != "alone":
+            ratio = f"{result[f'{name}_vs_alone_e2e_p50']:9.2f}x"
+        share = ""
+        if flood:
+            share = (
+                f"{flood['tokens_per_s']:13.1f}{result[f'{name}_flooder_share']:7.0%}"
+                f"{result[f'{name}_flooder_share_of_idle']:9.0%}"
+            )
         lines.append(
-            f"  {name:<16}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s"
+            f"  {label:<{width}}{r['short_e2e_p50']:8.2f}s{r['short_e2e_p99']:7.2f}s"
             f"{r['short_ttft_p50']:9.2f}s{r['short_ttft_p99']:7.2f}s{ratio}"
             f"{flood.get('refused_429', ''):>12}{share}"
         )
-    alone = ", ".join(
-        f"{server} {result[f'flooder_alone_{server}']['flood']['tokens_per_s']:.1f}"
-        for server, _, _ in ROOM_SERVERS
-    )
     lines.append(
-        f"  the flooder alone on an idle server (tok/s): {alone}; share: of its tok/s"
-        " alone on the same server; of idle: of its tok/s alone with no bound"
+        "  share: of the flooder's tok/s alone on the same server; of idle: of its"
+        " tok/s alone on fcfs with every row (nothing refused)"
     )
     return "\n".join(lines)

@@ -18,11 +18,17 @@ import time
 
 import uvicorn
 
+from minipaged.backend import resolve_device
 from minipaged.llm import CommandParser, number, policy
 from minipaged.speculative import SpeculativeConfig
 from minipaged.tools.serve import kv_events
 from minipaged.tools.serve.api import Server, ServerConfig
 from minipaged.tools.serve.clients import network
+
+# --max-decode-rows auto on a CPU: measured with bench serve --workload room on a
+# 2-core CPU (bench/results/2026-12-05-cpu-2core-room-rows), participants' p50 beside
+# a flood within 1.3x of alone
+CPU_DECODE_ROWS = 12
 
 EPILOG = """\
 examples:
@@ -149,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=number(int, 1),
         default=64,
         help="most sequences in one batch (default %(default)s)",
+    )
+    add(
+        "--max-decode-rows",
+        type=decode_rows,
+        default="auto",
+        help=(
+            "rows decoded per step while several clients' requests run: each"
+            " client's first, then the waiting order's choice; the others keep their"
+            " frames and wait a step, so that one client's many requests cannot widen"
+            " (and on a CPU slow) everyone's step. 0: every running row (default"
+            f" %(default)s: {CPU_DECODE_ROWS} on a CPU, whose step costs more the more"
+            " rows it has; 0 on a GPU)"
+        ),
     )
     add("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     add(
@@ -349,6 +368,7 @@ def engine_options(args) -> dict:
         "num_blocks": args.num_blocks,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
+        "max_decode_rows": decode_rows_on(args),
         "preemption_mode": args.preemption_mode,
         "scheduler": args.scheduler,
         "enable_prefix_caching": args.enable_prefix_caching,
@@ -359,6 +379,27 @@ def engine_options(args) -> dict:
         "preemption_victim": args.preemption_victim,
         "kv_offload_frames": args.kv_offload_frames,
     }
+
+
+def decode_rows(text: str) -> str | int:
+    """--max-decode-rows: auto or a count of rows (0: every row), checked now."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not auto or a number of rows (0 or more)"
+        )
+    return int(text)
+
+
+def decode_rows_on(args) -> int:
+    """The bound --max-decode-rows gives: auto is CPU_DECODE_ROWS with continuous
+    batching on a CPU, none on a GPU or for a static batch."""
+    if args.max_decode_rows != "auto":
+        return args.max_decode_rows
+    if args.scheduler == "continuous" and resolve_device(args.device) == "cpu":
+        return CPU_DECODE_ROWS
+    return 0
 
 
 def cpu_threads(text: str) -> str | int:
@@ -564,6 +605,12 @@ def main(argv=None) -> int:
         f" ({args.default_max_tokens} if a chat gives no max_tokens); a client (address"
         f" + key): {share} sequences at once"
     )
+    rows = llm.engine.scheduler.config.max_decode_rows
+    if rows:
+        print(
+            f"  a step: at most {rows} decode rows while several clients' requests run,"
+            " each client's first (--max-decode-rows)"
+        )
     if threads is not None:
         print(f"  CPU: {cpu_threads_line(args.cpu_threads, threads)}")
     if args.forwarded_allow_ips:
