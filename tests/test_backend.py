@@ -3,6 +3,7 @@ and how a projection runs on this CPU (minipaged.model.cpu): BLAS threads fitted
 load, weight panels.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -208,11 +209,12 @@ def test_a_weight_gives_way_to_the_gemm_from_its_own_row_count():
         x[:3] @ w
 
 
-def test_the_gemm_takes_over_where_it_is_timed_faster(monkeypatch):
+def test_the_gemm_takes_over_where_it_is_timed_faster(monkeypatch, tmp_path):
     """choose_gemm_rows answers the first row count where a whole step's GEMM beat its
     panels, GEMM_ROWS where it never did, once per set of shapes; MINIPAGED_GEMM_ROWS
     answers without timing, and a wrong value is named."""
     monkeypatch.delenv("MINIPAGED_GEMM_ROWS", raising=False)
+    monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu, "_gemm_rows_seen", {})
     monkeypatch.setattr(cpu, "fit_blas_threads", lambda samples=5: 1)
     weights = [cpu.PanelWeight(np.ones((8, 40), np.float32)) for _ in range(3)]
@@ -240,6 +242,62 @@ def test_the_gemm_takes_over_where_it_is_timed_faster(monkeypatch):
         monkeypatch.setenv("MINIPAGED_GEMM_ROWS", wrong)
         with pytest.raises(ValueError, match=f"MINIPAGED_GEMM_ROWS='{wrong}'"):
             cpu.choose_gemm_rows(weights)
+
+
+def test_the_answer_is_kept_for_later_loads_on_this_machine(monkeypatch, tmp_path):
+    """A second process (the in-process answers forgotten) reads the file instead of
+    timing; another machine's key, a file that is not JSON, or a cache folder that
+    cannot be written mean timing again, and the answer still comes."""
+    monkeypatch.delenv("MINIPAGED_GEMM_ROWS", raising=False)
+    monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu, "fit_blas_threads", lambda samples=5: 1)
+    weights = [cpu.PanelWeight(np.ones((8, 40), np.float32)) for _ in range(2)]
+    timings = []
+
+    def timed(ws):
+        timings.append(len(ws))
+        return 24
+
+    monkeypatch.setattr(cpu, "_time_gemm_rows", timed)
+
+    def new_process():
+        monkeypatch.setattr(cpu, "_gemm_rows_seen", {})
+        monkeypatch.setattr(cpu, "_gemm_rows_how", {})
+        return cpu.choose_gemm_rows(weights)
+
+    kept = tmp_path / cpu.GEMM_ROWS_FILE
+    assert new_process() == 24 and timings == [2]
+    assert cpu.gemm_rows_how(weights) == f"timed at load, kept in {kept}"
+    key = cpu.machine_key(tuple(w.shape for w in weights))
+    assert json.loads(kept.read_text()) == {key: 24}
+    assert "numpy " in key and "cores" in key
+    assert new_process() == 24 and timings == [2]  # read, not timed
+    assert cpu.gemm_rows_how(weights) == f"kept in {kept}"
+    # another machine's answer is kept beside this one's, and not read for it
+    kept.write_text(json.dumps({"another machine": 48}))
+    assert new_process() == 24 and timings == [2, 2]
+    assert json.loads(kept.read_text()) == {"another machine": 48, key: 24}
+    for broken in ("not json", json.dumps({key: "many"}), json.dumps([1, 2])):
+        kept.write_text(broken)
+        assert new_process() == 24
+    assert timings == [2, 2, 2, 2, 2]
+    kept.unlink()
+    kept.mkdir()  # the file cannot be written
+    assert new_process() == 24
+    assert cpu.gemm_rows_how(weights).startswith("timed at load (not kept: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cpu.GEMM_ROWS_FILE]
+
+
+def test_a_close_call_stays_with_the_panels(monkeypatch):
+    """The GEMM must be GEMM_MARGIN faster to take over: a panels pass slowed by chance
+    must not decide for every later load."""
+    weights = [cpu.PanelWeight(np.ones((8, 40), np.float32))]
+
+    def seconds(way, ws, xs):
+        return 1.0 if way == "gemm" else 1.02  # the GEMM 2% faster everywhere
+
+    monkeypatch.setattr(cpu, "_seconds", seconds)
+    assert cpu._time_gemm_rows(weights) == cpu.GEMM_ROWS
 
 
 def test_a_model_with_panels_sets_one_gemm_row_count_on_every_weight(

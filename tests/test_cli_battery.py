@@ -394,7 +394,7 @@ def test_bench_decode_runs_a_model_whose_vocabulary_is_under_10000(tiny):
     ],
 )
 def test_bench_projections_times_every_way_and_marks_the_engines(
-    tiny, panels, gemm_rows, three
+    tiny, panels, gemm_rows, three, tmp_path
 ):
     """Each row count gets every way once, the engine's way marked once: the rule of
     model/cpu.projection_path where the model holds panels (up to the GEMM's row count,
@@ -402,7 +402,11 @@ def test_bench_projections_times_every_way_and_marks_the_engines(
     (MINIPAGED_CPU_PANELS decides here, as panels_pay does at load); the table names the
     rows, the ways and why."""
     model = tiny()
-    env = {"MINIPAGED_CPU_PANELS": panels, "MINIPAGED_GEMM_ROWS": gemm_rows}
+    env = {
+        "MINIPAGED_CPU_PANELS": panels,
+        "MINIPAGED_GEMM_ROWS": gemm_rows,
+        "MINIPAGED_CACHE": str(tmp_path),  # choose_gemm_rows keeps its answer there
+    }
     result = run(
         "minipaged.bench",
         "projections",
@@ -432,7 +436,9 @@ def test_bench_projections_times_every_way_and_marks_the_engines(
         )
     elif panels == "1":
         assert out["gemm_rows"] in (*cpu.GEMM_ROW_CHOICES, cpu.GEMM_ROWS)
-        assert "timed at load, choose_gemm_rows" in out["why"]
+        kept = tmp_path / cpu.GEMM_ROWS_FILE
+        assert f"(timed at load, kept in {kept})" in out["why"]
+        assert list(json.loads(kept.read_text()).values()) == [out["gemm_rows"]]
     else:
         assert out["gemm_rows"] is None
     assert all(r["ms"] > 0 and r["gb_per_s"] > 0 for r in out["results"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import statistics
@@ -351,11 +352,13 @@ def panels_pay() -> bool:
 def choose_gemm_rows(weights: list) -> int:
     """From how many rows BLAS's GEMM beats the panels on this machine, for a step that
     multiplies by each of `weights` (PanelWeights) once. Whole steps of products are
-    timed both ways, the panels first, the faster of two passes counting, at each row
+    timed both ways, the panels first, the faster of three passes counting, at each row
     count of GEMM_ROW_CHOICES from the smallest up; the answer is the first count where
-    the GEMM wins (GEMM_ROWS where it never does). Timed once per process and set of
-    shapes, with BLAS fitted to the machine's load first: 0.8-0.9 s for SmolLM2-135M on
-    2 cores. MINIPAGED_GEMM_ROWS=N answers N untimed.
+    the GEMM is faster by GEMM_MARGIN (GEMM_ROWS where it never is). Timed at a model's
+    first load on this machine, with BLAS fitted to its load first (1.1-1.2 s for
+    SmolLM2-135M on 2 cores), and kept in cache_dir()/GEMM_ROWS_FILE by processor,
+    cores, NumPy, BLAS and shapes: later loads read it. MINIPAGED_GEMM_ROWS=N answers
+    N untimed; deleting the file times again.
 
     Why whole steps: a step reads its weights from memory, and the GEMM packs (copies)
     them, which costs more there than on weights just read; and the panels' helper
@@ -372,24 +375,119 @@ def choose_gemm_rows(weights: list) -> int:
         return int(chosen)
     shapes = tuple(w.shape for w in weights)
     if shapes not in _gemm_rows_seen:
-        fit_blas_threads(samples=3)
-        _gemm_rows_seen[shapes] = _time_gemm_rows(weights)
+        key = machine_key(shapes)
+        rows = kept_gemm_rows().get(key)
+        how = f"kept in {gemm_rows_file()}"
+        if not isinstance(rows, int) or rows < 2:
+            fit_blas_threads(samples=3)
+            rows = _time_gemm_rows(weights)
+            how = keep_gemm_rows(key, rows)
+        _gemm_rows_seen[shapes] = rows
+        _gemm_rows_how[shapes] = how
     return _gemm_rows_seen[shapes]
 
 
-# choose_gemm_rows's answers in this process, by the shapes it was given
+# choose_gemm_rows's answers in this process, by the shapes it was given, and how
+# each was had (gemm_rows_how)
 _gemm_rows_seen: dict = {}
+_gemm_rows_how: dict = {}
+# where choose_gemm_rows keeps its answers between processes, in cache_dir()
+GEMM_ROWS_FILE = "cpu-gemm-rows.json"
+# the GEMM takes over where it is this much faster than the panels (a close call,
+# where either is about as good, stays with the panels: a stray slow pass of the
+# panels must not decide for every later load)
+GEMM_MARGIN = 0.05
+
+
+def gemm_rows_how(weights: list) -> str:
+    """How choose_gemm_rows had its answer for these weights, in a few words."""
+    if os.environ.get("MINIPAGED_GEMM_ROWS"):
+        return "MINIPAGED_GEMM_ROWS"
+    shapes = tuple(w.shape for w in weights)
+    return _gemm_rows_how.get(shapes, "not chosen yet")
+
+
+def gemm_rows_file():
+    from minipaged.model.offline import cache_dir
+
+    return cache_dir() / GEMM_ROWS_FILE
+
+
+def machine_key(shapes: tuple) -> str:
+    """What the timing depends on: processor, cores, NumPy, BLAS and the shapes."""
+    from threadpoolctl import threadpool_info
+
+    blas = sorted(
+        f"{pool.get('internal_api')} {pool.get('version')}"
+        f" {pool.get('architecture', '')}".strip()
+        for pool in threadpool_info()
+        if pool["user_api"] == "blas"
+    )
+    return " | ".join(
+        [
+            processor_name(),
+            f"{len(_usable_cores())} cores",
+            f"numpy {np.__version__}",
+            ", ".join(blas) or "no BLAS pool",
+            f"{len(shapes)} weights {sorted(set(shapes))}",
+        ]
+    )
+
+
+def processor_name() -> str:
+    """The processor's model name (Linux's /proc/cpuinfo), else what platform says."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown processor"
+
+
+def kept_gemm_rows() -> dict:
+    """The answers kept in the file ({} when there is none or it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads(gemm_rows_file().read_text())
+        if isinstance(kept, dict):
+            return kept
+    return {}
+
+
+def keep_gemm_rows(key: str, rows: int) -> str:
+    """Add an answer to the file (written whole, then renamed into place); say where
+    it went, or that it could not be kept."""
+    path = gemm_rows_file()
+    spare = path.with_name(f"{path.name}.{os.getpid()}")
+    kept = kept_gemm_rows() | {key: rows}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spare.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        os.replace(spare, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            spare.unlink()
+        return f"timed at load (not kept: {error.strerror or error})"
+    return f"timed at load, kept in {path}"
 
 
 def _time_gemm_rows(weights: list) -> int:
-    def step_seconds(way: str, rows: int) -> float:
+    def step_seconds(rows: int) -> tuple[float, float]:
+        """(panels, GEMM): the faster of three passes each, interleaved."""
         xs = {n: np.full((rows, n), 0.5, weights[0].dtype) for n in widths}
-        return min(_seconds(way, weights, xs) for _ in range(2))
+        passes = [
+            (_seconds("panels", weights, xs), _seconds("gemm", weights, xs))
+            for _ in range(3)
+        ]
+        return min(p for p, _ in passes), min(g for _, g in passes)
 
     widths = {w.shape[0] for w in weights}
-    step_seconds("panels", GEMM_ROW_CHOICES[0])  # a pass to warm up
+    warm = {n: np.full((GEMM_ROW_CHOICES[0], n), 0.5, weights[0].dtype) for n in widths}
+    _seconds("panels", weights, warm)  # a pass to wake the helper thread
     for rows in GEMM_ROW_CHOICES:
-        if step_seconds("gemm", rows) < step_seconds("panels", rows):
+        panels, gemm = step_seconds(rows)
+        if gemm < panels * (1 - GEMM_MARGIN):
             return rows
     return GEMM_ROWS
 

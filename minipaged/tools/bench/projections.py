@@ -135,7 +135,7 @@ def bench_projections(args) -> dict:
         "handoff_us": None if handoff is None else 1e6 * handoff,
         "engine_uses_panels": panels,
         "gemm_rows": gemm_rows,
-        "why": panels_reason(gemm_rows),
+        "why": panels_reason(gemm_rows, cpu.gemm_rows_how(weights)),
         "results": rows_out,
     }
     if not args.json:
@@ -155,9 +155,10 @@ def engine_way(rows: int, gemm_rows: int | None) -> str:
     return "blas gemm"
 
 
-def panels_reason(gemm_rows: int | None) -> str:
+def panels_reason(gemm_rows: int | None, how: str = "timed at load") -> str:
     """Why the model holds panels or plain arrays, and which rows take them, in a
-    sentence (gemm_rows: the model's, None where it holds no panels)."""
+    sentence (gemm_rows: the model's, None where it holds no panels; how: how
+    choose_gemm_rows had it, cpu.gemm_rows_how)."""
     choice = os.environ.get("MINIPAGED_CPU_PANELS", "")
     if gemm_rows is None:
         if choice == "0":
@@ -170,10 +171,6 @@ def panels_reason(gemm_rows: int | None) -> str:
         why = "MINIPAGED_CPU_PANELS=1 chose panels"
     else:
         why = "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay)"
-    if os.environ.get("MINIPAGED_GEMM_ROWS"):
-        how = "MINIPAGED_GEMM_ROWS"
-    else:
-        how = "timed at load, choose_gemm_rows"
     return (
         f"{why}; 2 to {gemm_rows - 1} rows take them, {gemm_rows} and more the GEMM"
         f" ({how})"
