@@ -109,9 +109,10 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             "the OpenAI server under Poisson arrivals: tokens/s, TTFT, TPOT and latency"
             " percentiles, continuous vs static batching, and the in-process engine on"
             " the same requests; --workload room: participants' short-request latency"
-            " beside a client flooding the server's defaults"
+            " beside a client flooding the server's defaults, fcfs and fair at each"
+            " --room-decode-rows"
         ),
-        "about 6 min, 2 min for the room",
+        "about 6 min, 5 min for the room (1.5 more a bound)",
     ),
     "fragmentation": (
         paper.bench_fragmentation,
