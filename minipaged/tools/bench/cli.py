@@ -112,7 +112,7 @@ COMMANDS = {  # name -> (function, add_arguments, one-line help, how long it tak
             " beside a client flooding the server's defaults, fcfs and fair at each"
             " --room-decode-rows"
         ),
-        "about 6 min, 5 min for the room (1.5 more a bound)",
+        "about 6 min, 5 min for the room and 90 s more a bound",
     ),
     "fragmentation": (
         paper.bench_fragmentation,

@@ -2,8 +2,8 @@
 
 The mixed workload streams Poisson arrivals through the official async `openai` client,
 measures what vLLM's benchmark_serving measures (continuous vs static), then the same
-requests in-process. The room workload: participants beside one flooding client (fcfs
-bounded, unbounded, fair).
+requests in-process. The room workload: participants beside one flooding client (the
+defaults; fcfs; fair at each bound on the step's decode rows).
 """
 
 from __future__ import annotations
@@ -370,8 +370,9 @@ def bench_serve(args) -> dict:
     (p50/p90/p99), and the median e2e of the quarter of requests with the fewest output
     tokens; then the tokens/s of an in-process engine given the same requests at the
     same moments. With --workload room: the participants' short-request latency
-    (p50/p99) and TTFT, alone, beside a flooding client with
-    the server's default options, and beside it without the per-client bound."""
+    (p50/p99) and TTFT, alone, then beside a flooding client on the server's default
+    options, on fcfs with every row decoded each step, and on fair at each
+    --room-decode-rows."""
     from threadpoolctl import threadpool_limits
 
     from minipaged.sampling import SamplingParams
