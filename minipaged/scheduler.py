@@ -345,7 +345,7 @@ class Scheduler:
             else:
                 self._schedule_decode(request, batch)
 
-    def _resting(self, running) -> list[Request]:
+    def _resting(self, running) -> set[Request]:
         """The running requests that sit this step out. While requests of several
         clients run and their rows exceed max_decode_rows, the waiting order ranks
         them; each client's first decodes, then the others in rank while the rows stay
@@ -356,20 +356,20 @@ class Scheduler:
         clients = {r.client for r in ready}
         rows = sum(r.width for r in ready)
         if not limit or rows <= limit or len(clients) < 2:
-            return []
+            return set()
         ranked = checks.rank(self.order, ready, self.steps, self.policy_errors)
         first = {}
         for request in ranked:
             first.setdefault(request.client, request)
-        rows = sum(r.width for r in first.values())
-        resting = []
+        taken = sum(r.width for r in first.values())
+        resting = set()
         for request in ranked:
             if first[request.client] is request:
                 continue
-            if rows + request.width > limit:
-                resting.append(request)
+            if taken + request.width > limit:
+                resting.add(request)
             else:
-                rows += request.width
+                taken += request.width
         return resting
 
     def _swap_in(self, batch: Batch) -> None:
