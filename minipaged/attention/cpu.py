@@ -20,8 +20,19 @@ __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
 # At 16 sequences of 100-768 tokens that is 9 MB of K and 9 MB of V copied per layer,
 # half of it padding, into arrays the allocator maps afresh at every layer, and 96
 # products too small for BLAS to run well. Here each sequence's keys are copied once,
-# exactly its context (under 1 MB: it stays in the cache for the values' turn), and its
+# exactly its context (under 1 MB: it stays in the cache while it is used), and its
 # query heads are one product with them.
+#
+# Three passes (bench/results/2026-12-05-cpu-2core-attention-rows/): every sequence's
+# logits into one array, one softmax over all of them, every sequence's weighted
+# values. Per sequence there are then two copies and two products; the softmax's
+# small calls, a dozen per sequence before, are a handful for the whole batch, and
+# run along rows of (heads, positions), 3x faster than down the columns of
+# (positions, heads). Tried and dropped: the sequences split between two threads
+# (12% faster steps at contexts of 350 and more, slower below 300: the small calls
+# hand the interpreter's lock to and fro), one copy of all sequences' frames (it
+# leaves the cache), and sequences padded into one batched product (faster only where
+# their contexts are equal).
 
 
 def decode(
@@ -40,34 +51,49 @@ def decode(
     zeros."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
     queries = spread_queries(q.astype(np.float32) * scale, num_kv_heads)
     tables, lens = np.asarray(block_tables), np.asarray(context_lens)
-    heads = np.arange(num_kv_heads)
-    out = np.zeros((num_seqs, num_kv_heads, group, head_dim), np.float32)
+    # the sequences with a context, and where each one's positions start in `logits`
+    seqs = np.flatnonzero(lens)
+    counts = lens[seqs]
+    starts = np.cumsum(counts) - counts
+    # each query head's weighted sum of every KV head's values (its own block is
+    # kept below), and the sum of its weights; an empty context leaves 0 / 1
+    mixed = np.zeros((num_seqs, num_heads, num_kv_heads * head_dim), np.float32)
+    sums = np.ones((num_seqs, num_heads), np.float32)
+    if len(seqs) == 0:
+        return own_heads(mixed, num_kv_heads).astype(q.dtype, copy=False)
+    spans = list(zip(seqs.tolist(), starts.tolist(), counts.tolist()))
 
-    for i in range(num_seqs):
-        n = int(lens[i])
-        if n == 0:
-            continue
+    # 1. (positions, num_heads): each query head against the keys of every KV head,
+    # the other heads' parts of its query being zeros
+    logits = np.empty((int(counts.sum()), num_heads), np.float32)
+    for i, start, n in spans:
         keys = context_rows(k_cache, tables[i], n, k_scales, codec)
-        values = context_rows(v_cache, tables[i], n, v_scales, codec)
-        # (n, num_heads): each query head against the keys of every KV head, the
-        # other heads' parts of its column being zeros
-        weights = keys @ queries[i]
-        weights -= weights.max(axis=0)
-        np.exp(weights, out=weights)
-        # (kvh * hd, num_heads): each head's weighted sum of every KV head's values,
-        # of which its own KV head's part is kept. values.T @ weights, not
-        # weights.T @ values: OpenBLAS takes 3x as long for the same product with 9 rows
-        mixed = (values.T @ weights).reshape(
-            num_kv_heads, head_dim, num_kv_heads, group
-        )
-        # (kvh, hd, group) / (kvh, 1, group)
-        sums = weights.sum(axis=0).reshape(num_kv_heads, 1, group)
-        out[i] = (mixed[heads, :, heads] / sums).transpose(0, 2, 1)
+        np.matmul(keys, queries[i], out=logits[start : start + n])
 
-    return out.reshape(num_seqs, num_heads, head_dim).astype(q.dtype, copy=False)
+    # 2. the softmax of each sequence's logits, on (num_heads, positions)
+    weights = logits.T.copy()
+    weights -= np.repeat(np.maximum.reduceat(weights, starts, axis=1), counts, axis=1)
+    np.exp(weights, out=weights)
+    sums[seqs] = np.add.reduceat(weights, starts, axis=1).T
+
+    # 3. (num_heads, kvh * head_dim): the weighted values of every KV head
+    for i, start, n in spans:
+        values = context_rows(v_cache, tables[i], n, v_scales, codec)
+        np.matmul(weights[:, start : start + n], values, out=mixed[i])
+
+    out = own_heads(mixed, num_kv_heads) / sums[..., None]
+    return out.astype(q.dtype, copy=False)
+
+
+def own_heads(mixed, num_kv_heads: int) -> np.ndarray:
+    """(num_seqs, num_heads, kvh * head_dim) -> (num_seqs, num_heads, head_dim): for
+    each query head, the block of its own KV head (h // group)."""
+    num_seqs, num_heads, width = mixed.shape
+    heads = np.arange(num_heads)
+    blocks = mixed.reshape(num_seqs, num_heads, num_kv_heads, width // num_kv_heads)
+    return blocks[:, heads, heads // (num_heads // num_kv_heads)]
 
 
 def spread_queries(q, num_kv_heads: int) -> np.ndarray:
