@@ -1,7 +1,8 @@
 """The CPU's attention (minipaged/attention/cpu.py) gives the reference's results: its
-decode, one sequence at a time over exactly its frames, against reference.decode on
-scattered frames, grouped-query shapes, empty contexts, 8-bit caches and a codec of
-the caller's."""
+decode, over exactly each sequence's frames in three passes (logits, one softmax for
+the batch, values), against reference.decode on scattered frames, grouped-query
+shapes, empty contexts, sequences whose logits lie far apart, 8-bit caches and a codec
+of the caller's."""
 
 import numpy as np
 import pytest
@@ -66,6 +67,33 @@ def test_a_sequence_with_an_empty_context_gets_zeros_and_the_others_theirs():
     with np.errstate(invalid="ignore"):  # the reference's empty row: 0 / 0
         want = reference.decode(q, k_cache, v_cache, tables, lens, 0.5)
     np.testing.assert_allclose(got[[0, 2]], want[[0, 2]], rtol=1e-5, atol=1e-6)
+
+
+def test_empty_contexts_first_between_and_last_leave_the_others_theirs():
+    """The batch's one softmax splits its logits at the sequences with a context; the
+    empty ones, wherever they sit, take no positions and get zeros."""
+    rng = np.random.default_rng(5)
+    q, k_cache, v_cache, tables, lens = scattered(rng, 9, 3, [4, 9, 1, 6, 2, 3])
+    lens[[0, 2, 3, 5]] = 0
+    got = cpu.decode(q, k_cache, v_cache, tables, lens, 0.5)
+    np.testing.assert_array_equal(got[[0, 2, 3, 5]], 0)
+    with np.errstate(invalid="ignore"):
+        want = reference.decode(q, k_cache, v_cache, tables, lens, 0.5)
+    np.testing.assert_allclose(got[[1, 4]], want[[1, 4]], rtol=1e-5, atol=1e-6)
+    none = np.zeros_like(lens)
+    np.testing.assert_array_equal(cpu.decode(q, k_cache, v_cache, tables, none, 0.5), 0)
+
+
+def test_each_sequence_subtracts_its_own_largest_logit():
+    """Logits of one sequence in the hundreds beside another's near zero: a maximum
+    shared by the batch would turn the second's exponentials to 0 / 0."""
+    rng = np.random.default_rng(6)
+    q, k_cache, v_cache, tables, lens = scattered(rng, 9, 3, [12, 5, 20])
+    q[0] *= 60.0
+    got = cpu.decode(q, k_cache, v_cache, tables, lens, 1.0)
+    want = reference.decode(q, k_cache, v_cache, tables, lens, 1.0)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_float16_queries_and_caches_come_back_float16():

@@ -1,7 +1,7 @@
 """Paged attention shaped for a CPU, what `get_attention("cpu")` returns: the
 reference's contract and results (tests/test_attention_cpu.py holds them equal), with a
-decode that attends one sequence at a time over exactly its own frames. prefill,
-write_kv and copy_blocks are the reference's.
+decode that reads exactly each sequence's own frames, in three passes over the batch.
+prefill, write_kv and copy_blocks are the reference's.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def decode(
     v_scales=None,
     codec=None,
 ) -> np.ndarray:
-    """reference.decode's result, one sequence at a time: q (num_seqs, num_heads,
-    head_dim) -> (num_seqs, num_heads, head_dim); a sequence with an empty context gets
-    zeros."""
+    """reference.decode's result over exactly each sequence's frames: q (num_seqs,
+    num_heads, head_dim) -> (num_seqs, num_heads, head_dim); a sequence with an empty
+    context gets zeros."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     queries = spread_queries(q.astype(np.float32) * scale, num_kv_heads)
