@@ -160,7 +160,58 @@ def test_a_callers_codec_is_used_to_decode():
     assert np.abs(halved - plain).max() > 1e-3
 
 
-def test_the_cpu_gets_this_module_with_the_references_other_three():
+def prefill_args(rng, num_heads, num_kv_heads, lens, queries, dtype=np.float32):
+    """Caches as `scattered` makes them, and a step's queries: the last queries[i]
+    positions of sequence i (one: a decode row; all: a whole prompt; between: a prompt
+    after its cached prefix)."""
+    _, k_cache, v_cache, tables, lens = scattered(rng, num_heads, num_kv_heads, lens)
+    head_dim = k_cache.shape[3]
+    q = rng.standard_normal((sum(queries), num_heads, head_dim)).astype(dtype)
+    starts = np.concatenate([[0], np.cumsum(queries)]).astype(np.int32)
+    return q, k_cache.astype(dtype), v_cache.astype(dtype), tables, lens, starts
+
+
+@pytest.mark.parametrize("block", [4, 128])  # blocks of 4 queries cross many blocks
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(9, 3), (4, 4), (8, 2)])
+def test_prefill_equals_the_reference(monkeypatch, block, num_heads, num_kv_heads):
+    """Whole prompts, a prompt after a cached prefix, and decode rows in one step."""
+    monkeypatch.setattr(cpu, "PREFILL_BLOCK", block)
+    rng = np.random.default_rng(num_heads + block)
+    args = prefill_args(
+        rng, num_heads, num_kv_heads, [13, 1, 30, 9, 7, 22], [13, 1, 11, 1, 7, 1]
+    )
+    want = reference.prefill(*args, 0.3)
+    got = cpu.prefill(*args, 0.3)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_prefill_of_float16_and_8bit_caches_as_the_reference_does():
+    rng = np.random.default_rng(8)
+    half = prefill_args(rng, 4, 2, [10, 3], [10, 1], np.float16)
+    np.testing.assert_allclose(
+        cpu.prefill(*half, 0.25).astype(np.float32),
+        reference.prefill(*half, 0.25).astype(np.float32),
+        atol=2e-3,
+    )
+    q, k_full, v_full, tables, lens, starts = prefill_args(
+        rng, 9, 3, [6, 17, 2], [6, 5, 1]
+    )
+    k_cache, v_cache, k_scales, v_scales = coded(k_full, v_full, tables, lens, np.int8)
+    scales = dict(k_scales=k_scales, v_scales=v_scales)
+    args = (q, k_cache, v_cache, tables, lens, starts, 0.3)
+    np.testing.assert_allclose(
+        cpu.prefill(*args, **scales),
+        reference.prefill(*args, **scales),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_the_cpu_gets_this_module_with_the_references_write_kv_and_copy_blocks():
     assert get_attention("cpu") is cpu
-    for name in ("prefill", "write_kv", "copy_blocks"):
+    for name in ("write_kv", "copy_blocks"):
         assert getattr(cpu, name) is getattr(reference, name)
+    for name in ("decode", "prefill"):
+        assert getattr(cpu, name) is not getattr(reference, name)

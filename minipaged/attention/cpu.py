@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged.attention.reference import copy_blocks, gather, prefill, write_kv
+from minipaged.attention.reference import copy_blocks, gather, write_kv
 from minipaged.backend import cdiv
 
 __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
@@ -85,6 +85,101 @@ def decode(
 
     out = own_heads(mixed, num_kv_heads) / sums[..., None]
     return out.astype(q.dtype, copy=False)
+
+
+# Why prefill is not the reference's on a CPU
+# (bench/results/2026-12-05-cpu-2core-prefill/): the reference attends all of a
+# prompt's queries at once, so a 512-token prompt's logits are (3 KV heads, 3 x 512
+# rows, 512 positions), 9 MB, written, masked, shifted and exponentiated into fresh
+# arrays in every layer: 40% of the prompt's step. Here the queries go in blocks of
+# PREFILL_BLOCK, each against only the positions it can see, one KV head at a time; a
+# block's logits (under 2 MB) stay in the cache, and the causal mask is a triangle
+# added to the block's last columns. The rows of a step that bring one token each (the
+# decodes beside a prompt) take decode's three passes.
+
+# queries of a prompt attended together: 128 x 3 query heads x 1024 positions of
+# float32 logits stay under 2 MB
+PREFILL_BLOCK = 128
+
+
+def prefill(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    scale,
+    k_scales=None,
+    v_scales=None,
+    codec=None,
+) -> np.ndarray:
+    """reference.prefill's result: rows query_start_loc[i]:query_start_loc[i+1] of q
+    are the last ones of sequence i's context_lens[i] positions, each seeing the
+    positions up to its own. q (num_tokens, num_heads, head_dim) -> the same shape."""
+    starts, lens = np.asarray(query_start_loc), np.asarray(context_lens)
+    tables = np.asarray(block_tables)
+    counts = np.diff(starts)
+    caches = dict(k_scales=k_scales, v_scales=v_scales, codec=codec)
+    out = np.empty(q.shape, np.float32)
+    # the step's decodes: one query each, the last position of its sequence
+    single = np.flatnonzero(counts == 1)
+    if len(single):
+        rows = starts[single]
+        out[rows] = decode(
+            q[rows], k_cache, v_cache, tables[single], lens[single], scale, **caches
+        )
+    for i in np.flatnonzero(counts > 1).tolist():
+        rows = slice(starts[i], starts[i + 1])
+        out[rows] = causal(
+            q[rows], k_cache, v_cache, tables[i], int(lens[i]), scale, **caches
+        )
+    return out.astype(q.dtype, copy=False)
+
+
+def causal(
+    q, k_cache, v_cache, table, n: int, scale, k_scales=None, v_scales=None, codec=None
+) -> np.ndarray:
+    """One sequence's queries q (num_queries, num_heads, head_dim), its last num_queries
+    of n positions, each seeing the positions up to its own: float32, the same shape."""
+    num_queries, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    keys = context_rows(k_cache, table, n, k_scales, codec)  # (n, kvh * head_dim)
+    values = context_rows(v_cache, table, n, v_scales, codec)
+    # (kvh, num_queries * group, head_dim): each KV head's query heads, query by query
+    queries = (
+        (q.astype(np.float32) * scale)
+        .reshape(num_queries, num_kv_heads, group, head_dim)
+        .transpose(1, 0, 2, 3)
+        .reshape(num_kv_heads, num_queries * group, head_dim)
+    )
+    out = np.empty_like(queries)
+    first = n - num_queries  # the position of the first query
+
+    for lo in range(0, num_queries, PREFILL_BLOCK):
+        hi = min(lo + PREFILL_BLOCK, num_queries)
+        seen = first + hi  # the block sees positions 0..seen-1, its last query all
+        # query lo + j sees up to position first + lo + j: in the block's last
+        # hi - lo columns, those right of the diagonal are hidden
+        hidden = np.triu(np.full((hi - lo, hi - lo), -np.inf, np.float32), k=1)
+        hidden = np.repeat(hidden, group, axis=0)  # a row per (query, head)
+        rows = slice(lo * group, hi * group)
+        for h in range(num_kv_heads):
+            heads = slice(h * head_dim, (h + 1) * head_dim)
+            logits = queries[h, rows] @ keys[:seen, heads].T
+            logits[:, seen - (hi - lo) :] += hidden
+            logits -= logits.max(axis=1, keepdims=True)
+            np.exp(logits, out=logits)
+            sums = logits.sum(axis=1, keepdims=True)
+            np.matmul(logits, values[:seen, heads], out=out[h, rows])
+            out[h, rows] /= sums
+
+    return (
+        out.reshape(num_kv_heads, num_queries, group, head_dim)
+        .transpose(1, 0, 2, 3)
+        .reshape(num_queries, num_heads, head_dim)
+    )
 
 
 def own_heads(mixed, num_kv_heads: int) -> np.ndarray:
