@@ -1,7 +1,8 @@
 """Paged attention shaped for a CPU, what `get_attention("cpu")` returns: the
 reference's contract and results (tests/test_attention_cpu.py holds them equal), with a
-decode that reads exactly each sequence's own frames, in three passes over the batch.
-prefill, write_kv and copy_blocks are the reference's.
+decode that reads exactly each sequence's own frames, in three passes over the batch,
+and a prefill that attends a prompt's queries in blocks. write_kv and copy_blocks are
+the reference's.
 """
 
 from __future__ import annotations
