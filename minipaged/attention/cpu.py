@@ -56,14 +56,14 @@ def decode(
     tables, lens = np.asarray(block_tables), np.asarray(context_lens)
     # the sequences with a context, and where each one's positions start in `logits`
     seqs = np.flatnonzero(lens)
+    if len(seqs) == 0:
+        return np.zeros_like(q)
     counts = lens[seqs]
     starts = np.cumsum(counts) - counts
     # each query head's weighted sum of every KV head's values (its own block is
     # kept below), and the sum of its weights; an empty context leaves 0 / 1
     mixed = np.zeros((num_seqs, num_heads, num_kv_heads * head_dim), np.float32)
     sums = np.ones((num_seqs, num_heads), np.float32)
-    if len(seqs) == 0:
-        return own_heads(mixed, num_kv_heads).astype(q.dtype, copy=False)
     spans = list(zip(seqs.tolist(), starts.tolist(), counts.tolist()))
 
     # 1. (positions, num_heads): each query head against the keys of every KV head,
@@ -121,19 +121,20 @@ def prefill(
     starts, lens = np.asarray(query_start_loc), np.asarray(context_lens)
     tables = np.asarray(block_tables)
     counts = np.diff(starts)
-    caches = dict(k_scales=k_scales, v_scales=v_scales, codec=codec)
+    # an 8-bit cache's scales and codec, passed on as they came
+    coded = dict(k_scales=k_scales, v_scales=v_scales, codec=codec)
     out = np.empty(q.shape, np.float32)
     # the step's decodes: one query each, the last position of its sequence
     single = np.flatnonzero(counts == 1)
     if len(single):
         rows = starts[single]
         out[rows] = decode(
-            q[rows], k_cache, v_cache, tables[single], lens[single], scale, **caches
+            q[rows], k_cache, v_cache, tables[single], lens[single], scale, **coded
         )
     for i in np.flatnonzero(counts > 1).tolist():
         rows = slice(starts[i], starts[i + 1])
         out[rows] = causal(
-            q[rows], k_cache, v_cache, tables[i], int(lens[i]), scale, **caches
+            q[rows], k_cache, v_cache, tables[i], int(lens[i]), scale, **coded
         )
     return out.astype(q.dtype, copy=False)
 
