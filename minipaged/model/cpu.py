@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 import time
+import warnings
 
 import numpy as np
 
@@ -35,15 +36,13 @@ def fit_blas_threads(samples: int = 5) -> int:
     before each answer and by the benchmarks before they measure. While a model runs,
     `follow_machine_load` (before each step) keeps it up to date.
     """
-    from threadpoolctl import threadpool_limits
-
     most = blas_threads_at_start()
     # no BLAS with a thread pool (e.g. Apple's Accelerate): nothing to choose
     if most == 0:
         return 1
     busy = busy_cores(samples)
     threads = max(1, min(most, len(_usable_cores()) - busy))
-    threadpool_limits(limits=threads, user_api="blas")
+    _set_blas_threads(threads)
     _cores.now, _cores.looks, _cores.checked = threads, [busy], time.monotonic()
     return threads
 
@@ -90,10 +89,15 @@ def _procs_running() -> int:
 
 
 def _own_running_threads() -> int:
+    """Our threads running now, and our helper processes' (model/team.py): they are
+    ours, not a neighbour's."""
+    tasks = [f"/proc/self/task/{task}" for task in os.listdir("/proc/self/task")]
+    if _team is not None:
+        tasks += [f"/proc/{pid}" for pid in _team.pids()]
     running = 0
-    for task in os.listdir("/proc/self/task"):
+    for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/stat") as stat:
+            with open(f"{task}/stat") as stat:
                 running += stat.read().rsplit(")", 1)[1].split()[0] == "R"
         except OSError:  # the thread ended while we looked
             pass
@@ -190,8 +194,10 @@ def held_cores(cores: int = 1):
 
 
 def _set_blas_threads(threads: int) -> None:
+    """BLAS's own threads: `threads`, or 1 while helper processes split the products
+    (its threads would compete with them for the cores)."""
     for controller in _blas_controllers():
-        controller.set_num_threads(threads)
+        controller.set_num_threads(threads if _team is None else 1)
 
 
 @functools.cache
@@ -199,6 +205,67 @@ def _blas_controllers():
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+# ---- Helper processes (model/team.py) ------------------------------------------------
+
+# the running team of helper processes, if any (start_team)
+_team = None
+
+
+def team_module():
+    """minipaged.model.team, imported when first needed."""
+    from minipaged.model import team
+
+    return team
+
+
+def cores_for(choice: str | int) -> int:
+    """The most cores `choice` (use_cores's) may use at once."""
+    most = blas_threads_at_start() or len(_usable_cores())
+    if choice in ("fit", "all"):
+        return max(1, min(len(_usable_cores()), most))
+    return max(1, min(int(choice), most))
+
+
+def start_team(weights: list, helpers: int) -> str:
+    """Split the products by `weights` (PanelWeights) over `helpers` helper processes
+    and this one from now on (model/team.py), in place of BLAS's threads and the
+    panels' helper thread; a team already running stops first. Says in a few words
+    what runs: where helpers cannot run here, or MINIPAGED_CPU_HELPERS=0, the threads
+    stay, and the answer says why.
+    """
+    stop_team()
+    if helpers < 1:
+        return "no helper processes (one core)"
+    if os.environ.get("MINIPAGED_CPU_HELPERS") == "0":
+        return "no helper processes (MINIPAGED_CPU_HELPERS=0): BLAS threads"
+    team = team_module()
+    global _team
+    try:
+        _team = team.Team(weights, helpers)
+    except team.HelperError as error:
+        return f"no helper processes ({error}): BLAS threads"
+    _set_blas_threads(_cores.now)
+    _stop_team_at_exit()
+    return f"{helpers} helper process(es) beside this one"
+
+
+def stop_team() -> None:
+    """Stop the helper processes, if any; the weights go back to private memory and
+    BLAS to its threads."""
+    global _team
+    if _team is not None:
+        team, _team = _team, None
+        team.close()
+        _set_blas_threads(_cores.now)
+
+
+@functools.cache
+def _stop_team_at_exit() -> None:
+    import atexit
+
+    atexit.register(stop_team)
 
 
 # ---- How a projection `x @ w` is computed on a CPU -----------------------------------
@@ -250,12 +317,14 @@ GEMM_ROWS = 64
 GEMM_ROW_CHOICES = (16, 24, 32, 48, 64)
 
 
-def projection_path(rows: int, gemm_rows: int = GEMM_ROWS) -> str:
+def projection_path(rows: int, gemm_rows: int = GEMM_ROWS, team: bool = False) -> str:
     """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is
     made): "matrix-vector" for one row, "panels" for 2 to gemm_rows - 1, "gemm" from
-    gemm_rows on (the weight's own, measured at load: choose_gemm_rows).
+    gemm_rows on (the weight's own, measured at load: choose_gemm_rows). With helper
+    processes (`team`, model/team.py) one row goes by panels too: BLAS's own threads
+    would compete with the helpers for the cores.
     """
-    if rows == 1:
+    if rows == 1 and not team:
         return "matrix-vector"
     return "panels" if rows < gemm_rows else "gemm"
 
@@ -281,6 +350,22 @@ class PanelWeight:
         self.panels = self.out_rows.reshape(padded // PANEL, PANEL, rows)
         # from how many rows on the GEMM takes over (the model's choose_gemm_rows)
         self.gemm_rows = GEMM_ROWS
+        # in memory shared with helper processes (model/team.py)
+        self.shared = False
+
+    def share(self, out_rows: np.ndarray) -> None:
+        """Keep the (out, in) rows in `out_rows` from now on, copied there: memory
+        shared with helper processes (model/team.py)."""
+        out_rows[...] = self.out_rows
+        self._keep(out_rows, shared=True)
+
+    def unshare(self) -> None:
+        """Back to a private copy of the (out, in) rows (the helpers have stopped)."""
+        self._keep(np.array(self.out_rows), shared=False)
+
+    def _keep(self, out_rows: np.ndarray, shared: bool) -> None:
+        self.out_rows, self.shared = out_rows, shared
+        self.panels = out_rows.reshape(-1, PANEL, out_rows.shape[1])
 
     @property
     def nbytes(self) -> int:
@@ -295,7 +380,21 @@ class PanelWeight:
             raise ValueError(
                 f"x @ w: x {x.shape} does not match a weight of shape {self.shape}"
             )
-        if projection_path(len(x), self.gemm_rows) == "panels":
+        team = _team if _cores.now > 1 and self.shared else None
+        path = projection_path(len(x), self.gemm_rows, team is not None)
+        if team is not None:
+            kind = team_module().GEMM if path == "gemm" else team_module().PANELS
+            try:
+                return team.product(self, x, _cores.now, kind)
+            except team_module().HelperError as error:
+                # this product, and the later ones, without the helpers
+                warnings.warn(
+                    f"{error}: the helper processes stop; BLAS threads go on",
+                    stacklevel=2,
+                )
+                stop_team()
+                path = projection_path(len(x), self.gemm_rows)
+        if path == "panels":
             return self.by_panels(x)
         # BLAS: its matrix-vector code for one row, its GEMM for many
         return x @ self.dense()
@@ -373,9 +472,9 @@ def choose_gemm_rows(weights: list) -> int:
                 " more"
             )
         return int(chosen)
-    shapes = tuple(w.shape for w in weights)
+    shapes = (tuple(w.shape for w in weights), helpers_now())
     if shapes not in _gemm_rows_seen:
-        key = machine_key(shapes)
+        key = machine_key(shapes[0])
         rows = kept_gemm_rows().get(key)
         how = f"kept in {gemm_rows_file()}"
         if not isinstance(rows, int) or rows < 2:
@@ -403,8 +502,13 @@ def gemm_rows_how(weights: list) -> str:
     """How choose_gemm_rows had its answer for these weights, in a few words."""
     if os.environ.get("MINIPAGED_GEMM_ROWS"):
         return "MINIPAGED_GEMM_ROWS"
-    shapes = tuple(w.shape for w in weights)
+    shapes = (tuple(w.shape for w in weights), helpers_now())
     return _gemm_rows_how.get(shapes, "not chosen yet")
+
+
+def helpers_now() -> int:
+    """Helper processes running now (start_team), 0 for none."""
+    return 0 if _team is None else _team.helpers
 
 
 def gemm_rows_file():
@@ -431,6 +535,8 @@ def machine_key(shapes: tuple) -> str:
             ", ".join(blas) or "no BLAS pool",
             f"{len(shapes)} weights {sorted(set(shapes))}",
         ]
+        # with helper processes the products split another way: timed apart
+        + ([f"{helpers_now()} helper processes"] if helpers_now() else [])
     )
 
 
@@ -493,11 +599,16 @@ def _time_gemm_rows(weights: list) -> int:
 
 
 def _seconds(way: str, weights: list, xs: dict) -> float:
-    """How long the products of x by `weights` take one way ("panels" or "gemm")."""
+    """How long the products of x by `weights` take one way ("panels" or "gemm"), split
+    over the helper processes where they run."""
+    team = _team if _cores.now > 1 else None
+    kind = {"panels": team_module().PANELS, "gemm": team_module().GEMM}[way]
     start = time.perf_counter()
     for w in weights:
         x = xs[w.shape[0]]
-        if way == "panels":
+        if team is not None and w.shared:
+            team.product(w, x, _cores.now, kind)
+        elif way == "panels":
             w.by_panels(x)
         else:
             x @ w.dense()

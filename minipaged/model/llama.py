@@ -111,20 +111,40 @@ class Model:
             self.choose_gemm_rows()
         self.inv_freq = xp.asarray(rope_inv_freq(config))  # (head_dim / 2,) float32
 
-    def choose_gemm_rows(self) -> int:
-        """On a CPU with weight panels: from how many rows the products take BLAS's
-        GEMM instead, timed on this model's weights (model/cpu.py's choose_gemm_rows)
-        and set on every weight."""
+    def projection_weights(self) -> list:
+        """Every weight that multiplies activations, layer by layer, then the LM
+        head."""
         weights = [
             w
             for layer in self.layers
             for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
         ]
-        weights.append(self.lm_head)
+        return weights + [self.lm_head]
+
+    def choose_gemm_rows(self) -> int:
+        """On a CPU with weight panels: from how many rows the products take BLAS's
+        GEMM instead, timed on this model's weights (model/cpu.py's choose_gemm_rows)
+        and set on every weight."""
+        weights = self.projection_weights()
         rows = cpu.choose_gemm_rows(weights)
         for w in weights:
             w.gemm_rows = rows
         return rows
+
+    def use_cores(self, choice: str | int) -> tuple[int, str]:
+        """For a long-running process on a CPU (the server, the benchmarks): how many
+        cores the products use, `choice` as model/cpu.py's use_cores ("fit", "all" or
+        a count), and helper processes that compute their share on the other cores
+        (model/team.py) where they can run. Returns (cores in use now, what splits the
+        products, in a few words). Nothing to do on a GPU."""
+        if self.xp is not np:
+            return 0, "a GPU"
+        threads = cpu.use_cores(choice)
+        if not isinstance(self.lm_head, cpu.PanelWeight):
+            return threads, "BLAS threads (no weight panels here)"
+        how = cpu.start_team(self.projection_weights(), cpu.cores_for(choice) - 1)
+        self.choose_gemm_rows()  # the split changed: timed again (or kept)
+        return threads, how
 
     @classmethod
     def from_folder(cls, folder, device: str = "cpu", dtype: str = "float32") -> Model:

@@ -21,11 +21,12 @@ class OptionError(Exception):
     """
 
 
-def load(args, **options):
+def load(args, helpers: bool = False, **options):
     """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the
-    idle cores. No such model, no usable GPU, engine options the engine refuses, or a
-    max_model_len beyond what the model and the KV cache hold (the engine would cap it;
-    the workload would not): an OptionError."""
+    idle cores; with `helpers`, on a CPU, the products split over helper processes as a
+    server's are (Model.use_cores). No such model, no usable GPU, engine options the
+    engine refuses, or a max_model_len beyond what the model and the KV cache hold (the
+    engine would cap it; the workload would not): an OptionError."""
     from minipaged.llm import LLM
     from minipaged.model.cpu import fit_blas_threads
 
@@ -38,6 +39,8 @@ def load(args, **options):
             f"--max-model-len {options['max_model_len']} is more than this model and KV"
             f" cache hold, {llm.max_model_len} tokens"
         )
+    if helpers and llm.device == "cpu":
+        return llm, llm.model.use_cores("fit")[0]
     return llm, fit_blas_threads()
 
 

@@ -57,7 +57,7 @@ def bench_decode(args) -> dict:
     """Sends --batch random prompts of --prompt-len tokens, runs one prefill step, then
     times the decode steps until every stream has --tokens tokens; tokens/s counts all
     streams. With several --batch sizes, one such run per size and a list of results."""
-    llm, threads = load(args, max_num_seqs=max(64, *args.batch))
+    llm, threads = load(args, helpers=True, max_num_seqs=max(64, *args.batch))
     for batch in args.batch:
         check_fits(llm.engine, args, batch)
     limits = machine_limits(llm.model, threads)

@@ -348,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
             " core the server may run on, whatever else runs (a machine of its own, as"
             " vLLM's); N, that many. Beside a neighbour keeping a core busy, all"
             " threads wait on a descheduled one: 2-core serving at concurrency 16 took"
-            " 5x the CPU per token and gave a quarter of fit's tokens/s (default"
-            " %(default)s)"
+            " 5x the CPU per token and gave a quarter of fit's tokens/s. On Linux"
+            " x86-64 the products split over helper processes, one per extra core"
+            " (MINIPAGED_CPU_HELPERS=0: BLAS threads instead) (default %(default)s)"
         ),
     )
     add(
@@ -447,10 +448,10 @@ def cpu_threads_line(choice: str | int, threads: int) -> str:
     """What --cpu-threads does, said at start."""
     if choice == "fit":
         return (
-            f"{threads} BLAS thread(s) now, one per core other programs leave idle,"
+            f"{threads} core(s) now, one per core other programs leave idle,"
             " followed before each step (--cpu-threads fit)"
         )
-    return f"{threads} BLAS thread(s), whatever else runs (--cpu-threads {choice})"
+    return f"{threads} core(s), whatever else runs (--cpu-threads {choice})"
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -549,7 +550,6 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from minipaged.llm import LLM
-    from minipaged.model.cpu import use_cores
     from minipaged.model.weights import DEFAULT_MODEL
 
     # a mistake found after parsing reads as argparse's: one line on stderr, exit code 2
@@ -562,9 +562,9 @@ def main(argv=None) -> int:
         OSError,
     ) as error:  # a bad option, no GPU, no such model or address
         parser.error(str(error))
-    threads = None
+    threads = split = None
     if llm.device == "cpu":  # LLM() fitted them; the server's own choice now
-        threads = use_cores(args.cpu_threads)
+        threads, split = llm.model.use_cores(args.cpu_threads)
     name = args.served_model_name or args.model or DEFAULT_MODEL
     server = Server(
         llm.engine,
@@ -612,7 +612,7 @@ def main(argv=None) -> int:
             " each client's first (--max-decode-rows)"
         )
     if threads is not None:
-        print(f"  CPU: {cpu_threads_line(args.cpu_threads, threads)}")
+        print(f"  CPU: {cpu_threads_line(args.cpu_threads, threads)}; {split}")
     if args.forwarded_allow_ips:
         print(
             "  from a proxy in --forwarded-allow-ips"

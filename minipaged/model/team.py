@@ -1,0 +1,355 @@
+"""Helper processes that multiply by the model's weights on a CPU's other cores.
+
+A decode step on a CPU is mostly products `x @ w` of a few rows by every weight of the
+model (121 for SmolLM2-135M). To use two cores, each product is cut into column ranges
+and each core computes one. In threads (model/cpu.py's `_split`) every product hands
+its second half to a sleeping thread: the operating system wakes it and the
+interpreter's lock changes hands, about 80-90 us a product on the 2-core machine of
+bench/results/2026-12-05-cpu-2core-team/, some 10 ms a step. A helper process has no
+share in our interpreter's lock: between products it waits spinning on a counter in
+memory shared with us, sees the next product within a microsecond or two, and
+multiplies by its own range of the same weights (the weights live once, in that shared
+memory). Measured there, a step's products of 16 rows by SmolLM2's weights took 41 ms
+with one helper process, 55 ms with the helper thread and 78 ms on one core.
+
+How a product goes (`Team.product`): we copy x into the shared memory, write which
+weight, how many rows and each helper's column range, then bump the job counter; each
+helper sees the counter change, computes its range into the shared output and writes
+the job's number into its own `done` slot; we compute our range meanwhile, then wait
+until every helper's slot holds the job's number. A helper that had no job for SPIN
+seconds stops spinning and sleeps on a pipe, and we write a byte to that pipe before a
+job that follows such a gap.
+
+Linux on x86-64 only: the shared memory is a memfd, and the counters rely on x86's
+store order (data written before a counter is seen before it by a process that reads
+the counter first). Elsewhere the threads of model/cpu.py do the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# a helper with no job for this long sleeps until we write to its pipe
+SPIN = 0.05
+# rows of x one job multiplies at most (more rows go in several jobs)
+CHUNK_ROWS = 1024
+# the shared output's size; a job's rows are cut so that rows x width fit
+OUT_BYTES = 32 << 20
+# int64 slots per cache line: each helper writes only its own lines
+LINE = 8
+# how long a helper may take to start and map the shared memory
+START_SECONDS = 60.0
+# what a job asks: multiply by panels (a few rows), by one GEMM (many), or stop
+PANELS, GEMM, STOP = 0, 1, 2
+# the job's slots, written by us only: the counter, then the header (kind, weight,
+# rows, and each helper's range: lo, hi); each helper's done slot (and its process id)
+# is on a line of its own, after them
+JOB, KIND, WEIGHT, ROWS, RANGES = 0, 1, 2, 3, 4
+
+
+def done_slot(k: int, helpers: int) -> int:
+    """Where helper k writes the last job it finished (its process id in the next
+    slot): a line of its own, after the job's lines."""
+    job_lines = -(-(RANGES + 2 * helpers) // LINE)
+    return (job_lines + k) * LINE
+
+
+def supported() -> str | None:
+    """None where helper processes can run here, else why not (a few words)."""
+    if not hasattr(os, "memfd_create"):
+        return "helper processes need Linux (memfd_create)"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "helper processes rely on x86-64's store order"
+    return None
+
+
+class HelperError(RuntimeError):
+    """A helper process could not start, or stopped while it had a job."""
+
+
+class Team:
+    """`helpers` processes that multiply x by `weights` (cpu.PanelWeight) with us, each
+    weight moved into memory shared with them (no second copy). `product(w, x, parts)`
+    splits one product over `parts` cores: ours and parts - 1 helpers'."""
+
+    def __init__(self, weights: list, helpers: int):
+        if helpers < 1:
+            raise ValueError(f"a team needs at least one helper process, not {helpers}")
+        reason = supported()
+        if reason:
+            raise HelperError(reason)
+        if any(w.dtype != np.float32 for w in weights):
+            raise HelperError("helper processes multiply float32 weights only")
+        self.helpers, self.weights = helpers, list(weights)
+        self.panel = weights[0].panels.shape[1]
+        widest_in = max(w.out_rows.shape[1] for w in weights)
+        # the shared memory: control lines, x, the output, then every weight
+        control = 4096
+        x_bytes = _aligned(CHUNK_ROWS * widest_in * 4)
+        offsets, size = [], control + x_bytes + OUT_BYTES
+        for w in weights:
+            offsets.append(size)
+            size += _aligned(w.out_rows.nbytes)
+        self.fd = os.memfd_create("minipaged-weights")
+        self.procs, self.wakes = [], []
+        try:
+            # reserve the pages now: a full tmpfs fails here, not in a page fault
+            os.posix_fallocate(self.fd, 0, size)
+            self.memory = mmap.mmap(self.fd, size)
+        except OSError as error:
+            os.close(self.fd)
+            raise HelperError(
+                f"no room for {size / 2**20:.0f} MiB of shared memory: {error}"
+            ) from None
+        self.control = np.ndarray((control // 8,), np.int64, self.memory)
+        self.x = np.ndarray((x_bytes // 4,), np.float32, self.memory, control)
+        self.out = np.ndarray(
+            (OUT_BYTES // 4,), np.float32, self.memory, control + x_bytes
+        )
+        for w, offset in zip(weights, offsets):
+            w.share(np.ndarray(w.out_rows.shape, w.out_rows.dtype, self.memory, offset))
+        table = [
+            [offset, *w.out_rows.shape, w.panels.shape[1]]
+            for w, offset in zip(weights, offsets)
+        ]
+        self.index = {id(w): i for i, w in enumerate(weights)}
+        self.job, self.last_job, self.headers = 0, time.monotonic(), {}
+        try:
+            for k in range(helpers):
+                self._start(k, table, control, x_bytes)
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def pids(self) -> list[int]:
+        """The helper processes' ids."""
+        return [proc.pid for proc in self.procs]
+
+    def _start(self, k: int, table, control: int, x_bytes: int) -> None:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        layout = dict(
+            fd=self.fd, wake=read, k=k, helpers=self.helpers, size=len(self.memory),
+            control=control, x_bytes=x_bytes, out_bytes=OUT_BYTES, table=table,
+        )  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minipaged.model.team", json.dumps(layout)],
+            pass_fds=(self.fd, read),
+            env=env,
+        )
+        os.close(read)
+        self.procs.append(proc)
+        self.wakes.append(write)
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        for k, proc in enumerate(self.procs):
+            while self.control[done_slot(k, self.helpers) + 1] != proc.pid:
+                if proc.poll() is not None:
+                    raise HelperError(
+                        f"helper process {k + 1} exited at start (code"
+                        f" {proc.returncode})"
+                    )
+                if time.monotonic() > deadline:
+                    raise HelperError(
+                        f"helper process {k + 1} did not start in {START_SECONDS:.0f} s"
+                    )
+                time.sleep(0.005)
+
+    # ---- a product -------------------------------------------------------------
+
+    def product(self, w, x: np.ndarray, parts: int, kind: int) -> np.ndarray:
+        """x @ w (an ndarray (rows, w.shape[1])) on `parts` cores, ours and parts - 1
+        helpers': by PANELS, each core a range of the output's columns (few rows: the
+        weights are read once); by GEMM, each core a range of the rows (many rows: the
+        work is the flops, and whole rows need no gathering)."""
+        rows, width = len(x), w.out_rows.shape[0]
+        parts = max(1, min(parts, self.helpers + 1))
+        result = np.empty((rows, width), np.float32)
+        chunk = max(1, min(CHUNK_ROWS, OUT_BYTES // (4 * width)))
+        for lo in range(0, rows, chunk):
+            hi = min(rows, lo + chunk)
+            self._job(w, x[lo:hi], kind, parts, result[lo:hi])
+        return result if width == w.shape[1] else result[:, : w.shape[1]]
+
+    def _bounds(self, kind: int, rows: int, width: int, parts: int) -> list[int]:
+        """Where each core's range starts and ends, as even as can be: columns in
+        whole panels (PANELS), or rows (GEMM)."""
+        if kind == GEMM:
+            return [rows * i // parts for i in range(parts + 1)]
+        panels = width // self.panel
+        return [panels * i // parts * self.panel for i in range(parts + 1)]
+
+    def _header(self, w, kind: int, rows: int, bounds: list) -> np.ndarray:
+        """The job's header (kind, weight, rows, each helper's range), kept for the
+        next job like it (the same few are asked again and again)."""
+        key = (kind, id(w), rows, len(bounds))
+        if key not in self.headers:
+            if len(self.headers) > 4096:
+                self.headers.clear()
+            ranges = [0] * (2 * self.helpers)
+            # helpers beyond the parts get an empty range and only say done
+            for k in range(len(bounds) - 2):
+                ranges[2 * k : 2 * k + 2] = bounds[k + 1 : k + 3]
+            header = [kind, self.index[id(w)], rows, *ranges]
+            self.headers[key] = np.array(header, np.int64)
+        return self.headers[key]
+
+    def _job(self, w, x: np.ndarray, kind: int, parts: int, result) -> None:
+        rows, (width, depth) = len(x), w.out_rows.shape
+        bounds = self._bounds(kind, rows, width, parts)
+        shared_x = self.x[: rows * depth].reshape(rows, depth)
+        # the helpers read the rows of x they multiply: all for PANELS, theirs for GEMM
+        helpers_rows = slice(bounds[1] if kind == GEMM else 0, rows)
+        shared_x[helpers_rows] = x[helpers_rows]
+        ctl = self.control
+        ctl[KIND : RANGES + 2 * self.helpers] = self._header(w, kind, rows, bounds)
+        if time.monotonic() - self.last_job > SPIN / 2:
+            self._wake()  # a helper may have gone to sleep
+        self.job += 1
+        ctl[JOB] = self.job  # written last: the helpers read the rest after it
+        # our range straight into the result, the helpers' into the shared output
+        mine = x if kind == GEMM else shared_x
+        multiply(kind, mine, w.out_rows, self.panel, result, bounds[0], bounds[1])
+        self._wait_done()
+        self.last_job = time.monotonic()
+        if parts > 1:
+            out = self.out[: rows * width].reshape(rows, width)
+            if kind == GEMM:
+                result[bounds[1] :] = out[bounds[1] :]
+            else:
+                result[:, bounds[1] :] = out[:, bounds[1] :]
+
+    def _wake(self) -> None:
+        for write in self.wakes:
+            # full: it will wake anyway; closed: it is gone, and _check says so
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                os.write(write, b"!")
+
+    def _wait_done(self) -> None:
+        ctl, job = self.control, self.job
+        spins, since = 0, time.monotonic()
+        for k in range(self.helpers):
+            slot = done_slot(k, self.helpers)
+            while ctl[slot] != job:
+                spins += 1
+                if spins % 4096 == 0:
+                    self._check(k, since)
+
+    def _check(self, k: int, since: float) -> None:
+        """While we wait on helper k: it is alive (else HelperError), and awake."""
+        proc = self.procs[k]
+        if proc.poll() is not None:
+            raise HelperError(
+                f"helper process {k + 1} (pid {proc.pid}) exited with code"
+                f" {proc.returncode} while it had a job"
+            )
+        if time.monotonic() - since > 0.002:
+            self._wake()
+
+    def close(self) -> None:
+        """Stop the helpers (a STOP job, then their exit) and give back the memory;
+        the weights keep a private copy."""
+        procs, self.procs = self.procs, []
+        if any(p.poll() is None for p in procs):
+            self.control[KIND] = STOP
+            self.job += 1
+            self.control[JOB] = self.job
+            self._wake()
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for write in self.wakes:
+            os.close(write)
+        self.wakes = []
+        for w in self.weights:
+            if w.shared:
+                w.unshare()
+        self.weights = []
+        with contextlib.suppress(BufferError, ValueError):
+            self.control = self.x = self.out = None
+            self.memory.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def multiply(kind, x, out_rows, panel: int, out, lo: int, hi: int) -> None:
+    """One core's range of x @ out_rows.T into the same range of out (rows, width):
+    PANELS, columns lo:hi, one small product per panel of `panel` rows of out_rows;
+    GEMM, rows lo:hi, one product."""
+    if lo == hi:
+        return
+    if kind == PANELS:
+        rows, width = out.shape
+        stacked = out_rows[lo:hi].reshape(-1, panel, out_rows.shape[1])
+        columns = out.reshape(rows, width // panel, panel).transpose(1, 0, 2)
+        np.matmul(x, stacked.transpose(0, 2, 1), out=columns[lo // panel : hi // panel])
+    else:
+        np.matmul(x[lo:hi], out_rows.T, out=out[lo:hi])
+
+
+def _aligned(nbytes: int, to: int = 4096) -> int:
+    return -(-nbytes // to) * to
+
+
+def helper(layout: dict) -> None:
+    """A helper process's life: map the shared memory, say ready, then do each job's
+    range until a STOP job, or until the pipe closes (our process is gone)."""
+    memory = mmap.mmap(layout["fd"], layout["size"])
+    k, helpers, wake = layout["k"], layout["helpers"], layout["wake"]
+    control = np.ndarray((layout["control"] // 8,), np.int64, memory)
+    x = np.ndarray((layout["x_bytes"] // 4,), np.float32, memory, layout["control"])
+    out_at = layout["control"] + layout["x_bytes"]
+    out = np.ndarray((layout["out_bytes"] // 4,), np.float32, memory, out_at)
+    weights = [
+        (np.ndarray((width, depth), np.float32, memory, offset), panel)
+        for offset, width, depth, panel in layout["table"]
+    ]
+    done, mine = done_slot(k, helpers), RANGES + 2 * k
+    seen = int(control[JOB])
+    control[done] = seen
+    control[done + 1] = os.getpid()
+    while True:
+        spins, idle_since = 0, time.monotonic()
+        while control[JOB] == seen:
+            spins += 1
+            if spins % 1024 == 0 and time.monotonic() - idle_since > SPIN:
+                if not os.read(wake, 4096):
+                    return  # the pipe closed: our process is gone
+                idle_since = time.monotonic()
+        seen = int(control[JOB])
+        kind, weight, rows, lo, hi = control[KIND : mine + 2][
+            [0, 1, 2, -2, -1]
+        ].tolist()
+        if kind == STOP:
+            return
+        out_rows, panel = weights[weight]
+        width, depth = out_rows.shape
+        multiply(
+            kind,
+            x[: rows * depth].reshape(rows, depth),
+            out_rows,
+            panel,
+            out[: rows * width].reshape(rows, width),
+            lo,
+            hi,
+        )
+        control[done] = seen
+
+
+if __name__ == "__main__":
+    helper(json.loads(sys.argv[1]))

@@ -1,0 +1,175 @@
+"""Helper processes that split a CPU's products (minipaged/model/team.py): the same
+numbers as one core, the weights back in private memory after them, a helper that dies
+or cannot start leaves the products to this process, and a helper whose process is
+gone stops too."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from minipaged.model import cpu, team
+
+pytestmark = pytest.mark.skipif(
+    team.supported() is not None, reason=str(team.supported())
+)
+
+
+def weights(*shapes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        cpu.PanelWeight(rng.standard_normal(shape).astype(np.float32))
+        for shape in shapes
+    ]
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """The products split in two whatever the machine's load; the team stopped after."""
+    monkeypatch.setattr(cpu._cores, "now", 2)
+    monkeypatch.setattr(cpu._cores, "period", float("inf"))
+    monkeypatch.delenv("MINIPAGED_CPU_HELPERS", raising=False)
+    yield
+    cpu.stop_team()
+
+
+def test_a_team_gives_one_cores_numbers(two_cores):
+    """Panels split over a helper give exactly the panels of one core, a last narrow
+    panel cut off; a GEMM split by rows the GEMM's numbers; rows past a job's chunk go
+    in several jobs."""
+    ws = weights((40, 100), (24, 67), (16, 96))
+    rng = np.random.default_rng(1)
+    alone = {}
+    for w in ws:
+        for rows in (1, 2, 5, 16, 70):
+            x = rng.standard_normal((rows, w.shape[0])).astype(np.float32)
+            alone[id(w), rows] = (x, w.by_panels(x, cores=1), x @ w.dense())
+    assert cpu.start_team(ws, 1) == "1 helper process(es) beside this one"
+    assert all(w.shared for w in ws) and cpu.helpers_now() == 1
+    for w in ws:
+        w.gemm_rows = 16
+        for rows in (1, 2, 5, 16, 70):
+            x, by_panels, by_gemm = alone[id(w), rows]
+            got = x @ w
+            assert got.shape == (rows, w.shape[1])
+            if rows < 16:
+                np.testing.assert_array_equal(got, by_panels)
+            else:
+                np.testing.assert_allclose(got, by_gemm, rtol=1e-6, atol=1e-5)
+    w = ws[0]
+    small_chunks = cpu._team.product.__func__
+    monkey_chunk = team.CHUNK_ROWS
+    try:
+        team.CHUNK_ROWS = 7
+        x, _, by_gemm = alone[id(w), 70]
+        got = small_chunks(cpu._team, w, x, 2, team.GEMM)
+        np.testing.assert_allclose(got, by_gemm, rtol=1e-6, atol=1e-5)
+    finally:
+        team.CHUNK_ROWS = monkey_chunk
+
+
+def test_stopping_the_team_gives_the_weights_back(two_cores):
+    """After stop_team the weights are private copies again, equal to what they were,
+    and the products go back to this process alone."""
+    ws = weights((40, 100))
+    before = ws[0].out_rows.copy()
+    cpu.start_team(ws, 1)
+    pids = cpu._team.pids()
+    cpu.stop_team()
+    assert not ws[0].shared and ws[0].out_rows.flags.owndata
+    np.testing.assert_array_equal(ws[0].out_rows, before)
+    assert cpu.helpers_now() == 0
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    x = np.ones((3, 40), np.float32)
+    np.testing.assert_array_equal(x @ ws[0], ws[0].by_panels(x, cores=1))
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_a_helper_that_dies_leaves_the_products_to_us(two_cores):
+    """Killed between products: the next product warns, names the helper, and is
+    still right; the team is gone and later products run here."""
+    ws = weights((40, 100))
+    cpu.start_team(ws, 1)
+    x = np.ones((4, 40), np.float32)
+    expected = ws[0].by_panels(x, cores=1)
+    proc = cpu._team.procs[0]
+    proc.kill()
+    proc.wait()
+    with pytest.warns(UserWarning, match=r"helper process 1 \(pid \d+\) exited"):
+        got = x @ ws[0]
+    np.testing.assert_array_equal(got, expected)
+    assert cpu.helpers_now() == 0 and not ws[0].shared
+    np.testing.assert_array_equal(x @ ws[0], expected)
+
+
+def test_no_team_where_it_cannot_run_or_is_switched_off(two_cores, monkeypatch):
+    """Switched off, on one core, or on a processor without x86's store order: the
+    answer says so and the threads stay."""
+    ws = weights((40, 100))
+    monkeypatch.setenv("MINIPAGED_CPU_HELPERS", "0")
+    assert "MINIPAGED_CPU_HELPERS=0" in cpu.start_team(ws, 1)
+    monkeypatch.delenv("MINIPAGED_CPU_HELPERS")
+    assert cpu.start_team(ws, 0) == "no helper processes (one core)"
+    monkeypatch.setattr(team.platform, "machine", lambda: "arm64")
+    assert "x86-64's store order" in cpu.start_team(ws, 1)
+    assert cpu.helpers_now() == 0 and not ws[0].shared
+    with pytest.raises(ValueError, match="at least one helper"):
+        team.Team(ws, 0)
+
+
+def test_a_helper_stops_when_our_process_is_gone(tmp_path):
+    """A process that starts a team and dies without stopping it: its helper sees the
+    pipe close once it sleeps, and exits."""
+    script = textwrap.dedent(
+        """
+        import os, numpy as np
+        from minipaged.model import cpu
+        w = cpu.PanelWeight(np.ones((40, 100), np.float32))
+        cpu._cores.now = 2
+        cpu.start_team([w], 1)
+        np.ones((2, 40), np.float32) @ w
+        print(cpu._team.pids()[0], flush=True)
+        os._exit(0)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10 * team.SPIN + 5
+    while os.path.exists(f"/proc/{pid}") and not _zombie(pid):
+        assert time.monotonic() < deadline, f"helper {pid} still runs"
+        time.sleep(0.05)
+
+
+def test_a_model_on_a_team_decodes_the_same_tokens(tiny, two_cores):
+    """Model.use_cores starts the team on every projection weight; greedy tokens of a
+    few streams are the same as without it."""
+    from minipaged import LLM, SamplingParams
+
+    llm = LLM(str(tiny()), device="cpu")
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def tokens():
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+        )
+        return [o.outputs[0].token_ids for o in outputs]
+
+    alone = tokens()
+    threads, how = llm.model.use_cores(2)
+    assert how == "1 helper process(es) beside this one"
+    assert all(w.shared for w in llm.model.projection_weights())
+    cpu._cores.now = 2
+    assert tokens() == alone
