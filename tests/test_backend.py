@@ -110,9 +110,40 @@ def test_busy_cores_sees_a_competing_process():
     try:
         time.sleep(0.3)  # running, not starting up
         assert cpu.busy_cores(samples=5) >= 1
+        cores = cpu._Cores()
+        cpu.busy_cores_lately(cores)  # the first look: a snapshot
+        time.sleep(0.5)
+        assert cpu.busy_cores_lately(cores) >= 1  # a core's worth of ticks, not ours
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_our_own_work_is_not_a_neighbours():
+    """A thread of ours and another program spin side by side: busy_cores_lately counts
+    the other program's core, not ours (the machine's busy ticks less our own)."""
+    import threading
+
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            np.ones(1 << 16).sum()
+
+    ours = threading.Thread(target=spin)
+    theirs = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    ours.start()
+    try:
+        time.sleep(0.3)  # both running, not starting up
+        cores = cpu._Cores()
+        cpu.busy_cores_lately(cores)
+        time.sleep(1.0)
+        assert cpu.busy_cores_lately(cores) == 1
+    finally:
+        stop.set()
+        ours.join()
+        theirs.kill()
+        theirs.wait()
 
 
 # ---- how a projection is computed on a CPU -------------------------------------------
@@ -321,7 +352,7 @@ def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
     monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
     monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
     looks = iter([0, 0, 0, 1, 1, 1, 1, 1, 0])
-    monkeypatch.setattr(cpu, "busy_cores", lambda samples: next(looks))
+    monkeypatch.setattr(cpu, "busy_cores_lately", lambda cores: next(looks))
     seen = []
     for _ in range(9):
         cores.follow()
@@ -338,7 +369,7 @@ def test_a_running_engine_follows_the_machine_load(monkeypatch, blas_threads):
         1,
     ]  # a neighbour for three looks out of five: one core
     assert blas_threads() == {1}
-    monkeypatch.setattr(cpu, "busy_cores", lambda samples: 0)
+    monkeypatch.setattr(cpu, "busy_cores_lately", lambda cores: 0)
     slow = cpu._Cores(period=3600)
     slow.follow()
     slow.now = 7
@@ -354,7 +385,7 @@ def test_held_cores_keep_one_thread_whatever_the_load_then_follow_it_again(
     monkeypatch.setattr(cpu, "_cores", cpu._Cores(period=0.0))
     monkeypatch.setattr(cpu, "_usable_cores", lambda: {0, 1})
     monkeypatch.setattr(cpu, "blas_threads_at_start", lambda: 2)
-    monkeypatch.setattr(cpu, "busy_cores", lambda samples: 0)  # a quiet machine
+    monkeypatch.setattr(cpu, "busy_cores_lately", lambda cores: 0)  # a quiet machine
     assert cpu.follow_machine_load() == 2 and blas_threads() == {2}
     with cpu.held_cores(1):
         assert [cpu.follow_machine_load() for _ in range(3)] == [1, 1, 1]
@@ -373,6 +404,9 @@ def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
         cpu, "follow_machine_load", lambda: follows.append(1) or follow()
     )
     monkeypatch.setattr(cpu, "busy_cores", lambda samples: looks.append(samples) or 0)
+    monkeypatch.setattr(
+        cpu, "busy_cores_lately", lambda cores: looks.append("lately") or 0
+    )
     monkeypatch.setattr(cpu, "_set_blas_threads", lambda threads: None)
     model = Model.from_folder(write_checkpoint(tmp_path))
     # loading may look (choose_gemm_rows fits BLAS before it times the panels); from
@@ -390,7 +424,7 @@ def test_the_forward_pass_never_polls_the_machine(tmp_path, monkeypatch):
     for token in [30, 5, 44, 9]:
         model.follow_machine_load()
         decode(token)
-    assert len(follows) == 4 and looks == [1]
+    assert len(follows) == 4 and looks == ["lately"]
 
 
 def test_each_engine_step_that_runs_the_model_follows_the_load_once(

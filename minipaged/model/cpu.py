@@ -116,22 +116,63 @@ def _usable_cores() -> set[int]:
 LOOK_PERIOD = 0.5
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(clock ticks every core of the machine spent busy, ticks this process and its
+    helper processes spent) since boot, from /proc (OSError where it is missing). Busy:
+    user, nice, system and interrupts; not idle, waiting on a disk or stolen by the
+    hypervisor."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _, _, irq, softirq = map(int, stat.readline().split()[1:8])
+    ours = ["/proc/self/stat"]
+    if _team is not None:
+        ours += [f"/proc/{pid}/stat" for pid in _team.pids()]
+    own = 0
+    for path in ours:
+        with contextlib.suppress(OSError):  # a helper that just ended
+            with open(path) as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            own += int(fields[11]) + int(fields[12])  # utime, stime
+    return user + nice + system + irq + softirq, own
+
+
+def busy_cores_lately(cores: _Cores) -> int:
+    """Cores other programs kept busy since `cores`'s last look, on average, rounded
+    half up: the machine's busy ticks less our own (cpu_jiffies). An average, not a
+    look at what runs this instant: a look before a step falls just when the server has
+    sent its tokens and its clients (often on this machine) read them, and a client
+    reading 16 streams ran in half of those looks while it used a tenth of a core. The
+    first look, and a machine without /proc, take busy_cores' snapshot."""
+    try:
+        moment, ticks = time.monotonic(), cpu_jiffies()
+    except OSError:
+        return busy_cores(samples=1)
+    before, cores.ticks = cores.ticks, (moment, ticks)
+    if before is None or moment <= before[0]:
+        return busy_cores(samples=1)
+    busy, own = ticks[0] - before[1][0], ticks[1] - before[1][1]
+    seconds = (moment - before[0]) * os.sysconf("SC_CLK_TCK")
+    return max(0, int((busy - own) / seconds + 0.5))
+
+
 class _Cores:
     """The cores this process should use now, looked at again at most every `period`
-    seconds with one sample of the machine's load (0.1-0.3 ms of /proc reading on a
-    2-core machine), so a long-running server follows it: a median over the last 5 looks
-    (2.5 s) ignores a blip.
+    seconds: the cores other programs kept busy since the last look
+    (busy_cores_lately, 0.1-0.3 ms of /proc reading on a 2-core machine), so a
+    long-running server follows the load: a median over the last 5 looks (2.5 s)
+    ignores a blip.
     """
 
     def __init__(self, period: float = LOOK_PERIOD):
         self.period, self.now, self.looks, self.checked = period, 1, [], -1e9
+        # (when, cpu_jiffies()) at the last look
+        self.ticks = None
 
     def follow(self) -> None:
         moment = time.monotonic()
         if moment - self.checked < self.period:
             return
         self.checked = moment
-        self.looks = self.looks[-4:] + [busy_cores(samples=1)]
+        self.looks = self.looks[-4:] + [busy_cores_lately(self)]
         free = max(1, len(_usable_cores()) - round(statistics.median(self.looks)))
         most = blas_threads_at_start() or len(_usable_cores())
         if min(free, most) != self.now:
@@ -292,7 +333,11 @@ def _stop_team_at_exit() -> None:
 #   90 us per hand-off here (a sleeping thread is woken, the GIL changes hands), 121
 #   products a step, some 10 ms that the matrix-vector code never pays (its threads
 #   wait spinning inside OpenBLAS). So 2 rows cost 1.7x one row's products, not 1x, and
-#   16 rows 2.8x.
+#   16 rows 2.8x. A server instead starts helper processes (start_team, model/team.py):
+#   each waits spinning on a counter in shared memory, with no hand-off of the
+#   interpreter's lock, and a step's products of 16 rows took 41 ms, not 55
+#   (bench/results/2026-12-05-cpu-2core-team/). With them, every row count is split
+#   between the processes, one row too (BLAS's own threads would compete with them).
 # - Many rows: packing pays for itself, and one GEMM on the whole matrix wins. From how
 #   many rows depends on the processor: on the 2-core Xeon (AVX-512) of
 #   bench/results/2026-12-05-cpu-2core-race/ from 24 (the small-matrix kernel slows

@@ -32,6 +32,13 @@ WAYS = {  # name -> what it is, for the table's footnote
     "panels, split": (
         "the same panels split over the free cores, half handed to a helper thread"
     ),
+    "panels, helper processes": (
+        "the same panels, each core's columns computed by a helper process over shared"
+        " weights (model/team.py; a server's way on Linux x86-64)"
+    ),
+    "gemm, helper processes": (
+        "one GEMM per core on its share of the rows, in the helper processes"
+    ),
 }
 
 
@@ -124,6 +131,14 @@ def bench_projections(args) -> dict:
                     "engine": name == chosen,
                 }
             )
+    team_rows, team_gemm_rows, team_note = team_ways(
+        weights, args, cores, weight_bytes, limits
+    )
+    if team_rows:
+        # the server's way (Model.use_cores): the helper processes
+        for row in rows_out:
+            row["engine"] = False
+        rows_out = sorted(rows_out + team_rows, key=lambda row: row["rows"])
     handoff = handoff_seconds(cores)
     result = {
         "model": llm.model_name,
@@ -136,11 +151,62 @@ def bench_projections(args) -> dict:
         "engine_uses_panels": panels,
         "gemm_rows": gemm_rows,
         "why": panels_reason(gemm_rows, cpu.gemm_rows_how(weights)),
+        "helpers": team_note,
+        "helpers_gemm_rows": team_gemm_rows,
         "results": rows_out,
     }
     if not args.json:
         print_table(result)
     return result
+
+
+def team_ways(weights, args, cores: int, weight_bytes: int, limits: dict):
+    """The products split over helper processes (model/team.py), as a server and
+    `bench decode` run them: panels and GEMM at each --rows count, timed like the other
+    ways, the engine's marked by the GEMM's row count timed with them. Returns (rows,
+    that row count, what ran in a few words); no rows where helpers cannot run here."""
+    from minipaged.model import cpu, team
+
+    note = cpu.start_team(weights, cores - 1)
+    if cpu.helpers_now() == 0:
+        return [], None, note
+    try:
+        gemm_rows = cpu.choose_gemm_rows(weights)
+        kinds = {
+            "panels, helper processes": team.PANELS,
+            "gemm, helper processes": team.GEMM,
+        }
+        rng = np.random.default_rng(0)
+        rows_out = []
+        for rows in args.rows:
+            xs = {
+                n: rng.standard_normal((rows, n)).astype(np.float32)
+                for n in {w.shape[0] for w in weights}
+            }
+            chosen = "panels" if rows < gemm_rows else "gemm"
+            for name, kind in kinds.items():
+                seconds = best_time(
+                    lambda kind=kind, xs=xs: [
+                        cpu._team.product(w, xs[w.shape[0]], cores, kind)
+                        for w in weights
+                    ],
+                    args.repeats,
+                )
+                rows_out.append(
+                    {
+                        "rows": rows,
+                        "way": name,
+                        "ms": 1000 * seconds,
+                        "gb_per_s": weight_bytes / seconds / 1e9,
+                        "share_of_copy_bandwidth": (
+                            weight_bytes / seconds / limits["copy_bytes_per_s"]
+                        ),
+                        "engine": name.startswith(chosen),
+                    }
+                )
+        return rows_out, gemm_rows, note
+    finally:
+        cpu.stop_team()
 
 
 def engine_way(rows: int, gemm_rows: int | None) -> str:
@@ -200,14 +266,21 @@ def print_table(result: dict) -> None:
         f"{result['weight_bytes'] / 1e6:.0f} MB of weights; copy bandwidth "
         f"{result['copy_bytes_per_s'] / 1e9:.1f} GB/s, {result['cores']} free cores"
     )
-    print(f"{'rows':>4}  {'way':<22} {'step':>9} {'GB/s':>6} {'of copy bw':>10}")
+    print(f"{'rows':>4}  {'way':<24} {'step':>9} {'GB/s':>6} {'of copy bw':>10}")
     for r in result["results"]:
         mark = "  <- the engine's" if r["engine"] else ""
         print(
-            f"{r['rows']:>4}  {r['way']:<22} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
+            f"{r['rows']:>4}  {r['way']:<24} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
             f"{100 * r['share_of_copy_bandwidth']:>9.0f}%{mark}"
         )
     print(f"the engine's way: {result['why']}")
+    if result["helpers_gemm_rows"] is not None:
+        print(
+            f"with {result['helpers']} (a server's, `bench decode`'s): panels below"
+            f" {result['helpers_gemm_rows']} rows, the GEMM from there"
+        )
+    else:
+        print(f"helper processes: {result['helpers']}")
     if result["handoff_us"] is not None:
         print(
             "handing an empty piece to the helper thread and waiting for it: "
