@@ -81,6 +81,22 @@ class LLM:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def use_cores(self, choice: str | int = "fit") -> tuple[int, str]:
+        """On a CPU, for a long-running process (the server, the benchmarks): the cores
+        to use ("fit", "all" or a count: model/cpu.py's use_cores), and helper processes
+        on the cores beyond the first (model/team.py) that compute their share of every
+        product and of this engine's decode attention, over the weights and KV cache in
+        memory shared with them. Returns (cores in use now, what splits the work, in a
+        few words)."""
+        from minipaged.attention import cpu as cpu_attention
+        from minipaged.model import cpu
+
+        threads, how = self.model.use_cores(choice, kv=self.engine.kv)
+        attention = self.engine.runner.attention
+        if cpu.helpers_now() and attention.impl is cpu_attention:
+            attention.impl = cpu.SplitAttention(cpu_attention)
+        return threads, how
+
     def new_engine(self, **options) -> LLMEngine:
         """A fresh LLMEngine over this model and tokenizer, with its own KV cache and
         queues: `llm.new_engine(num_blocks=24, block_size=8)` takes the options of

@@ -1417,6 +1417,30 @@ def test_fuzz_engine(llm, capsys):
     )
 
 
+def test_fuzz_engine_on_helper_processes(llm, capsys, monkeypatch):
+    """Scenarios again (a fifth as many) with every product split between this process
+    and a helper process (model/team.py), as a server's on Linux x86-64: the same
+    checks, and each request's tokens against its run alone, on the team too."""
+    from minipaged.model import cpu, team
+
+    if team.supported() is not None:
+        pytest.skip(team.supported())
+    if not isinstance(llm.model.lm_head, cpu.PanelWeight):
+        pytest.skip("this machine's BLAS took no weight panels (panels_pay)")
+    monkeypatch.setattr(cpu._cores, "now", 2)
+    monkeypatch.setattr(cpu._cores, "period", float("inf"))
+    monkeypatch.delenv("MINIPAGED_CPU_HELPERS", raising=False)
+    assert cpu.start_team(llm.model.projection_weights(), 1).startswith("1 helper")
+    stats = Stats()
+    try:
+        seeds = ONLY or range(max(1, NUM_SCENARIOS // 5))
+        run_many(llm, [Scenario.draw(seed) for seed in seeds], stats)
+    finally:
+        cpu.stop_team()
+    print_size(capsys, "engine fuzz on helper processes", stats)
+    assert not stats.failures, failure_summary(stats, "(see test_fuzz_engine)")
+
+
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_named_scenario(llm, name, capsys):
     """One feature pair at a time, over a few seeds (failures of the fuzzer land here

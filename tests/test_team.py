@@ -152,11 +152,12 @@ def test_a_helper_stops_when_our_process_is_gone(tmp_path):
         time.sleep(0.05)
 
 
-def test_a_model_on_a_team_decodes_the_same_tokens(tiny, two_cores):
+def test_a_model_on_a_team_decodes_the_same_tokens(tiny, two_cores, monkeypatch):
     """Model.use_cores starts the team on every projection weight; greedy tokens of a
     few streams are the same as without it."""
     from minipaged import LLM, SamplingParams
 
+    monkeypatch.setenv("MINIPAGED_CPU_PANELS", "1")  # panels whatever this BLAS
     llm = LLM(str(tiny()), device="cpu")
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -168,8 +169,77 @@ def test_a_model_on_a_team_decodes_the_same_tokens(tiny, two_cores):
         return [o.outputs[0].token_ids for o in outputs]
 
     alone = tokens()
-    threads, how = llm.model.use_cores(2)
+    threads, how = llm.use_cores(2)
     assert how == "1 helper process(es) beside this one"
     assert all(w.shared for w in llm.model.projection_weights())
+    assert isinstance(llm.engine.runner.attention.impl, cpu.SplitAttention)
+    assert cpu._team.holds(llm.engine.kv.k[0])
     cpu._cores.now = 2
     assert tokens() == alone
+
+
+def paged_cache(num_seqs=5, blocks=40, block_size=4, kvh=2, head_dim=8, seed=0):
+    """A float32 KV cache of 3 layers (a KVCache's `data`), scattered block tables
+    and context lengths of 1 to 30 positions, one of them empty."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((2, 3, blocks, block_size, kvh, head_dim))
+    kv = SimpleNamespace(data=data.astype(np.float32))
+    lens = np.array([30, 1, 0, 17, 9][:num_seqs])
+    tables = rng.permutation(blocks)[: num_seqs * 8].reshape(num_seqs, 8)
+    q = rng.standard_normal((num_seqs, 2 * kvh, head_dim)).astype(np.float32)
+    return kv, q, tables, lens
+
+
+def test_a_team_attends_a_decode_step_as_one_core_does(two_cores):
+    """The KV cache moves into the shared memory; a decode step split between us and a
+    helper, each about half the positions, gives exactly the CPU decode's numbers; a
+    cache outside that memory is declined (None); stopping gives the cache back."""
+    from minipaged.attention import cpu as attention
+
+    kv, q, tables, lens = paged_cache()
+    before = kv.data.copy()
+    ws = weights((40, 100))
+    assert cpu.start_team(ws, 1, kv) == "1 helper process(es) beside this one"
+    assert not kv.data.flags.owndata
+    np.testing.assert_array_equal(kv.data, before)
+    for layer in range(3):
+        k_cache, v_cache = kv.data[0, layer], kv.data[1, layer]
+        alone = attention.decode(q, k_cache, v_cache, tables, lens, 0.3)
+        split = cpu._team.attend(
+            q, k_cache, v_cache, tables, lens, 0.3, 2, attention.decode
+        )
+        np.testing.assert_array_equal(split, alone)
+    assert (
+        cpu._team.attend(
+            q, before[0, 0], before[1, 0], tables, lens, 0.3, 2, attention.decode
+        )
+        is None
+    )
+    split = cpu.SplitAttention(attention)
+    np.testing.assert_array_equal(
+        split.decode(q, kv.data[0, 1], kv.data[1, 1], tables, lens, 0.3),
+        attention.decode(q, kv.data[0, 1], kv.data[1, 1], tables, lens, 0.3),
+    )
+    cpu.stop_team()
+    assert kv.data.flags.owndata
+    np.testing.assert_array_equal(kv.data, before)
+
+
+def test_a_helper_that_dies_leaves_the_attention_to_us(two_cores):
+    """Killed before a decode step: SplitAttention warns, and attends here."""
+    from minipaged.attention import cpu as attention
+
+    kv, q, tables, lens = paged_cache()
+    cpu.start_team(weights((40, 100)), 1, kv)
+    expected = attention.decode(q, kv.data[0, 2], kv.data[1, 2], tables, lens, 0.3)
+    proc = cpu._team.procs[0]
+    proc.kill()
+    proc.wait()
+    with pytest.warns(UserWarning, match="attention goes on here"):
+        got = cpu.SplitAttention(attention).decode(
+            q, kv.data[0, 2], kv.data[1, 2], tables, lens, 0.3
+        )
+    np.testing.assert_array_equal(got, expected)
+    assert cpu.helpers_now() == 0 and kv.data.flags.owndata

@@ -156,10 +156,9 @@ def busy_cores_lately(cores: _Cores) -> int:
 
 class _Cores:
     """The cores this process should use now, looked at again at most every `period`
-    seconds: the cores other programs kept busy since the last look
-    (busy_cores_lately, 0.1-0.3 ms of /proc reading on a 2-core machine), so a
-    long-running server follows the load: a median over the last 5 looks (2.5 s)
-    ignores a blip.
+    seconds: the cores other programs kept busy since the last look (busy_cores_lately,
+    0.1-0.3 ms of /proc reading on a 2-core machine), so a long-running server follows
+    the load: a median over the last 5 looks (2.5 s) ignores a blip.
     """
 
     def __init__(self, period: float = LOOK_PERIOD):
@@ -269,12 +268,13 @@ def cores_for(choice: str | int) -> int:
     return max(1, min(int(choice), most))
 
 
-def start_team(weights: list, helpers: int) -> str:
+def start_team(weights: list, helpers: int, kv=None) -> str:
     """Split the products by `weights` (PanelWeights) over `helpers` helper processes
     and this one from now on (model/team.py), in place of BLAS's threads and the
-    panels' helper thread; a team already running stops first. Says in a few words
-    what runs: where helpers cannot run here, or MINIPAGED_CPU_HELPERS=0, the threads
-    stay, and the answer says why.
+    panels' helper thread; with `kv` (an engine's KVCache), its decode attention too
+    (SplitAttention). A team already running stops first. Says in a few words what
+    runs: where helpers cannot run here, or MINIPAGED_CPU_HELPERS=0, the threads stay,
+    and the answer says why.
     """
     stop_team()
     if helpers < 1:
@@ -284,7 +284,7 @@ def start_team(weights: list, helpers: int) -> str:
     team = team_module()
     global _team
     try:
-        _team = team.Team(weights, helpers)
+        _team = team.Team(weights, helpers, kv)
     except team.HelperError as error:
         return f"no helper processes ({error}): BLAS threads"
     _set_blas_threads(_cores.now)
@@ -307,6 +307,45 @@ def _stop_team_at_exit() -> None:
     import atexit
 
     atexit.register(stop_team)
+
+
+class SplitAttention:
+    """The CPU attention (minipaged.attention.cpu) with its decode split between this
+    process and the helper processes, each about the same number of the step's
+    positions, where the team shares the engine's KV cache (Team.attend). Anything
+    else, and a decode the team cannot take (an 8-bit cache, one core free now, no
+    team), is the CPU attention's own."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        self.write_kv, self.prefill = impl.write_kv, impl.prefill
+        self.copy_blocks = impl.copy_blocks
+
+    def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, **scales):
+        if _team is not None and _cores.now > 1 and not scales:
+            try:
+                out = _team.attend(
+                    q,
+                    k_cache,
+                    v_cache,
+                    block_tables,
+                    context_lens,
+                    scale,
+                    _cores.now,
+                    self.impl.decode,
+                )
+            except team_module().HelperError as error:
+                warnings.warn(
+                    f"{error}: the helper processes stop; attention goes on here",
+                    stacklevel=2,
+                )
+                stop_team()
+                out = None
+            if out is not None:
+                return out.astype(q.dtype, copy=False)
+        return self.impl.decode(
+            q, k_cache, v_cache, block_tables, context_lens, scale, **scales
+        )
 
 
 # ---- How a projection `x @ w` is computed on a CPU -----------------------------------

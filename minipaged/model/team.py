@@ -12,6 +12,10 @@ multiplies by its own range of the same weights (the weights live once, in that 
 memory). Measured there, a step's products of 16 rows by SmolLM2's weights took 41 ms
 with one helper process, 55 ms with the helper thread and 78 ms on one core.
 
+A server's decode attention is split the same way (`Team.attend`, through
+model/cpu.py's SplitAttention): the engine's KV cache moves into the shared memory too,
+and each core attends about half of the step's positions, a range of its sequences.
+
 How a product goes (`Team.product`): we copy x into the shared memory, write which
 weight, how many rows and each helper's column range, then bump the job counter; each
 helper sees the counter change, computes its range into the shared output and writes
@@ -48,12 +52,17 @@ OUT_BYTES = 32 << 20
 LINE = 8
 # how long a helper may take to start and map the shared memory
 START_SECONDS = 60.0
-# what a job asks: multiply by panels (a few rows), by one GEMM (many), or stop
-PANELS, GEMM, STOP = 0, 1, 2
-# the job's slots, written by us only: the counter, then the header (kind, weight,
-# rows, and each helper's range: lo, hi); each helper's done slot (and its process id)
-# is on a line of its own, after them
-JOB, KIND, WEIGHT, ROWS, RANGES = 0, 1, 2, 3, 4
+# the shared ints (block tables and context lengths of an ATTEND job), int64
+INT_BYTES = 1 << 20
+# what a job asks: multiply by panels (a few rows), by one GEMM (many), attend (the
+# sequences of a decode step), or stop
+PANELS, GEMM, ATTEND, STOP = 0, 1, 2, 3
+# the job's slots, written by us only: the counter, then the header (kind, six
+# arguments, and each helper's range: lo, hi); each helper's done slot (and its process
+# id) is on a line of its own, after them. A product's arguments: weight, rows; an
+# ATTEND's: the byte offsets of the layer's K and V caches, sequences, heads, blocks
+# per sequence, and the scale's float64 bits
+JOB, KIND, ARGS, RANGES = 0, 1, 2, 8
 
 
 def done_slot(k: int, helpers: int) -> int:
@@ -79,9 +88,11 @@ class HelperError(RuntimeError):
 class Team:
     """`helpers` processes that multiply x by `weights` (cpu.PanelWeight) with us, each
     weight moved into memory shared with them (no second copy). `product(w, x, parts)`
-    splits one product over `parts` cores: ours and parts - 1 helpers'."""
+    splits one product over `parts` cores: ours and parts - 1 helpers'. With `kv` (an
+    engine's KVCache, whose `data` holds every layer's K and V), the cache moves into
+    that memory too, and `attend` splits a decode step's sequences."""
 
-    def __init__(self, weights: list, helpers: int):
+    def __init__(self, weights: list, helpers: int, kv=None):
         if helpers < 1:
             raise ValueError(f"a team needs at least one helper process, not {helpers}")
         reason = supported()
@@ -95,10 +106,13 @@ class Team:
         # the shared memory: control lines, x, the output, then every weight
         control = 4096
         x_bytes = _aligned(CHUNK_ROWS * widest_in * 4)
-        offsets, size = [], control + x_bytes + OUT_BYTES
+        offsets, size = [], control + x_bytes + OUT_BYTES + INT_BYTES
         for w in weights:
             offsets.append(size)
             size += _aligned(w.out_rows.nbytes)
+        kv_at = size
+        if kv is not None:
+            size += _aligned(kv.data.nbytes)
         self.fd = os.memfd_create("minipaged-weights")
         self.procs, self.wakes = [], []
         try:
@@ -115,17 +129,28 @@ class Team:
         self.out = np.ndarray(
             (OUT_BYTES // 4,), np.float32, self.memory, control + x_bytes
         )
+        ints_at = control + x_bytes + OUT_BYTES
+        self.ints = np.ndarray((INT_BYTES // 8,), np.int64, self.memory, ints_at)
         for w, offset in zip(weights, offsets):
             w.share(np.ndarray(w.out_rows.shape, w.out_rows.dtype, self.memory, offset))
         table = [
             [offset, *w.out_rows.shape, w.panels.shape[1]]
             for w, offset in zip(weights, offsets)
         ]
+        # where the KV cache lives, and one layer's K (or V) cache's shape and dtype
+        self.kv, self.kv_range, frames = None, (0, 0), None
+        self.base = np.frombuffer(self.memory, np.uint8, 1).ctypes.data
+        if kv is not None:
+            shared = np.ndarray(kv.data.shape, kv.data.dtype, self.memory, kv_at)
+            shared[...] = kv.data
+            kv.data, self.kv = shared, kv
+            self.kv_range = (kv_at, kv_at + shared.nbytes)
+            frames = [list(shared.shape[2:]), shared.dtype.str]
         self.index = {id(w): i for i, w in enumerate(weights)}
         self.job, self.last_job, self.headers = 0, time.monotonic(), {}
         try:
             for k in range(helpers):
-                self._start(k, table, control, x_bytes)
+                self._start(k, table, control, x_bytes, frames)
             self._wait_ready()
         except BaseException:
             self.close()
@@ -135,13 +160,14 @@ class Team:
         """The helper processes' ids."""
         return [proc.pid for proc in self.procs]
 
-    def _start(self, k: int, table, control: int, x_bytes: int) -> None:
+    def _start(self, k: int, table, control: int, x_bytes: int, frames) -> None:
         read, write = os.pipe()
         os.set_blocking(write, False)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         layout = dict(
             fd=self.fd, wake=read, k=k, helpers=self.helpers, size=len(self.memory),
             control=control, x_bytes=x_bytes, out_bytes=OUT_BYTES, table=table,
+            frames=frames,
         )  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "minipaged.model.team", json.dumps(layout)],
@@ -191,10 +217,10 @@ class Team:
         panels = width // self.panel
         return [panels * i // parts * self.panel for i in range(parts + 1)]
 
-    def _header(self, w, kind: int, rows: int, bounds: list) -> np.ndarray:
-        """The job's header (kind, weight, rows, each helper's range), kept for the
-        next job like it (the same few are asked again and again)."""
-        key = (kind, id(w), rows, len(bounds))
+    def _header(self, kind: int, args: tuple, bounds: list) -> np.ndarray:
+        """The job's header (kind, arguments, each helper's range), kept for the next
+        job like it (the same few are asked again and again)."""
+        key = (kind, args, tuple(bounds))
         if key not in self.headers:
             if len(self.headers) > 4096:
                 self.headers.clear()
@@ -202,9 +228,17 @@ class Team:
             # helpers beyond the parts get an empty range and only say done
             for k in range(len(bounds) - 2):
                 ranges[2 * k : 2 * k + 2] = bounds[k + 1 : k + 3]
-            header = [kind, self.index[id(w)], rows, *ranges]
-            self.headers[key] = np.array(header, np.int64)
+            padded = list(args) + [0] * (RANGES - ARGS - len(args))
+            self.headers[key] = np.array([kind, *padded, *ranges], np.int64)
         return self.headers[key]
+
+    def _publish(self, header: np.ndarray) -> None:
+        """Write a job's header, then its number: the helpers start on it."""
+        self.control[KIND : RANGES + 2 * self.helpers] = header
+        if time.monotonic() - self.last_job > SPIN / 2:
+            self._wake()  # a helper may have gone to sleep
+        self.job += 1
+        self.control[JOB] = self.job  # last: the helpers read the rest after it
 
     def _job(self, w, x: np.ndarray, kind: int, parts: int, result) -> None:
         rows, (width, depth) = len(x), w.out_rows.shape
@@ -213,12 +247,7 @@ class Team:
         # the helpers read the rows of x they multiply: all for PANELS, theirs for GEMM
         helpers_rows = slice(bounds[1] if kind == GEMM else 0, rows)
         shared_x[helpers_rows] = x[helpers_rows]
-        ctl = self.control
-        ctl[KIND : RANGES + 2 * self.helpers] = self._header(w, kind, rows, bounds)
-        if time.monotonic() - self.last_job > SPIN / 2:
-            self._wake()  # a helper may have gone to sleep
-        self.job += 1
-        ctl[JOB] = self.job  # written last: the helpers read the rest after it
+        self._publish(self._header(kind, (self.index[id(w)], rows), bounds))
         # our range straight into the result, the helpers' into the shared output
         mine = x if kind == GEMM else shared_x
         multiply(kind, mine, w.out_rows, self.panel, result, bounds[0], bounds[1])
@@ -230,6 +259,53 @@ class Team:
                 result[bounds[1] :] = out[bounds[1] :]
             else:
                 result[:, bounds[1] :] = out[:, bounds[1] :]
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Does `array` lie in the KV cache this team shares?"""
+        at = array.ctypes.data - self.base
+        return self.kv_range[0] <= at < self.kv_range[1]
+
+    def attend(self, q, k_cache, v_cache, tables, lens, scale, parts: int, decode):
+        """`decode`'s result (minipaged.attention.cpu.decode) for a step's sequences,
+        split over `parts` cores by their context lengths, each core about as many
+        positions; None where this team cannot (the cache is not the one it shares,
+        or too many sequences or blocks for the shared ints)."""
+        num_seqs, heads, head_dim = q.shape
+        tables, lens = np.asarray(tables), np.asarray(lens)
+        parts = max(1, min(parts, self.helpers + 1, num_seqs))
+        if (
+            parts < 2
+            or q.dtype != np.float32
+            or not (self.holds(k_cache) and self.holds(v_cache))
+            or tables.size + num_seqs > len(self.ints)
+        ):
+            return None
+        # each core's sequences: about total / parts positions each
+        ends = np.cumsum(lens)
+        cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts)
+        bounds = [0, *np.minimum(cuts + 1, num_seqs).tolist(), num_seqs]
+        self.x[: q.size] = q.reshape(-1)
+        self.ints[: tables.size] = tables.reshape(-1)
+        self.ints[tables.size : tables.size + num_seqs] = lens
+        args = (
+            k_cache.ctypes.data - self.base,
+            v_cache.ctypes.data - self.base,
+            num_seqs,
+            heads,
+            tables.shape[1],
+            int(np.float64(scale).view(np.int64)),
+        )
+        self._publish(self._header(ATTEND, args, bounds))
+        result = np.empty(q.shape, np.float32)
+        mine = slice(bounds[0], bounds[1])
+        result[mine] = decode(
+            q[mine], k_cache, v_cache, tables[mine], lens[mine], scale
+        )
+        self._wait_done()
+        self.last_job = time.monotonic()
+        theirs = slice(bounds[1], num_seqs)
+        result[theirs] = self.out[: q.size].reshape(q.shape)[theirs]
+        return result
 
     def _wake(self) -> None:
         for write in self.wakes:
@@ -259,8 +335,8 @@ class Team:
             self._wake()
 
     def close(self) -> None:
-        """Stop the helpers (a STOP job, then their exit) and give back the memory;
-        the weights keep a private copy."""
+        """Stop the helpers (a STOP job, then their exit); the weights and the KV cache
+        go back to private copies."""
         procs, self.procs = self.procs, []
         if any(p.poll() is None for p in procs):
             self.control[KIND] = STOP
@@ -279,10 +355,13 @@ class Team:
         for w in self.weights:
             if w.shared:
                 w.unshare()
+        if self.kv is not None:  # the cache back in private memory
+            self.kv.data, self.kv = np.array(self.kv.data), None
         self.weights = []
-        with contextlib.suppress(BufferError, ValueError):
-            self.control = self.x = self.out = None
-            self.memory.close()
+        # never unmapped here: an array a caller still holds (a layer's cache passed
+        # to an attention call when a helper died) keeps the mapping alive, and it goes
+        # with the last of them
+        self.control = self.x = self.out = self.ints = self.memory = None
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -315,6 +394,8 @@ def helper(layout: dict) -> None:
     x = np.ndarray((layout["x_bytes"] // 4,), np.float32, memory, layout["control"])
     out_at = layout["control"] + layout["x_bytes"]
     out = np.ndarray((layout["out_bytes"] // 4,), np.float32, memory, out_at)
+    ints_at = out_at + layout["out_bytes"]
+    ints = np.ndarray((INT_BYTES // 8,), np.int64, memory, ints_at)
     weights = [
         (np.ndarray((width, depth), np.float32, memory, offset), panel)
         for offset, width, depth, panel in layout["table"]
@@ -332,11 +413,15 @@ def helper(layout: dict) -> None:
                     return  # the pipe closed: our process is gone
                 idle_since = time.monotonic()
         seen = int(control[JOB])
-        kind, weight, rows, lo, hi = control[KIND : mine + 2][
-            [0, 1, 2, -2, -1]
-        ].tolist()
+        kind, *args = control[KIND:RANGES].tolist()
+        lo, hi = control[mine : mine + 2].tolist()
         if kind == STOP:
             return
+        if kind == ATTEND:
+            attend(memory, layout["frames"], x, ints, out, args, lo, hi)
+            control[done] = seen
+            continue
+        weight, rows = args[:2]
         out_rows, panel = weights[weight]
         width, depth = out_rows.shape
         multiply(
@@ -349,6 +434,27 @@ def helper(layout: dict) -> None:
             hi,
         )
         control[done] = seen
+
+
+def attend(memory, frames, x, ints, out, args, lo: int, hi: int) -> None:
+    """A helper's share of an ATTEND job: sequences lo:hi of the step, decoded from the
+    shared cache into the same rows of the shared output."""
+    if lo == hi:
+        return
+    from minipaged.attention.cpu import decode
+
+    k_at, v_at, num_seqs, heads, blocks, scale_bits = args
+    shape, dtype = frames
+    k_cache = np.ndarray(shape, dtype, memory, k_at)
+    v_cache = np.ndarray(shape, dtype, memory, v_at)
+    q = x[: num_seqs * heads * shape[-1]].reshape(num_seqs, heads, shape[-1])
+    tables = ints[: num_seqs * blocks].reshape(num_seqs, blocks)
+    lens = ints[num_seqs * blocks : num_seqs * blocks + num_seqs]
+    scale = float(np.int64(scale_bits).view(np.float64))
+    result = out[: q.size].reshape(q.shape)
+    result[lo:hi] = decode(
+        q[lo:hi], k_cache, v_cache, tables[lo:hi], lens[lo:hi], scale
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A decode step's products by SmolLM2-135M's shapes (random float32 weights, 121
 products), four ways, interleaved, medians of `repeats` passes: panels on one core,
 panels split with the helper thread (model/cpu.py's _split), panels split with a helper
-process (model/team.py), and BLAS's GEMM on 2 threads.
+process (model/team.py), and BLAS's GEMM on 2 threads. Each way has the cores to itself
+(0.3 s of rest before it) and one untimed pass, then the timed one.
 
     .venv/bin/python bench/results/2026-12-05-cpu-2core-team/products.py 7
 """
@@ -31,8 +32,9 @@ def main(repeats: int) -> None:
     def threads(on):
         for controller in cpu._blas_controllers():
             controller.set_num_threads(2 if on else 1)
-        if on:  # the helper process stops spinning after SPIN idle seconds
-            time.sleep(2 * team.SPIN)
+        # the helper process stops spinning after SPIN idle seconds, BLAS's threads
+        # after a while too: each way starts with the cores to itself
+        time.sleep(0.3)
 
     ways = {
         "panels, one core": lambda w, x: w.by_panels(x, cores=1),
@@ -47,6 +49,8 @@ def main(repeats: int) -> None:
             for name, way in ways.items():
                 # BLAS's own threads only where they run alone
                 threads(name.startswith("gemm"))
+                for w in weights:  # an untimed pass: a helper wakes, runs warm
+                    way(w, xs[w.shape[0]][:rows])
                 start = time.perf_counter()
                 for w in weights:
                     way(w, xs[w.shape[0]][:rows])

@@ -23,10 +23,10 @@ class OptionError(Exception):
 
 def load(args, helpers: bool = False, **options):
     """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the
-    idle cores; with `helpers`, on a CPU, the products split over helper processes as a
-    server's are (Model.use_cores). No such model, no usable GPU, engine options the
-    engine refuses, or a max_model_len beyond what the model and the KV cache hold (the
-    engine would cap it; the workload would not): an OptionError."""
+    idle cores; with `helpers`, on a CPU, the products and decode attention split over
+    helper processes as a server's are (LLM.use_cores). No such model, no usable GPU,
+    engine options the engine refuses, or a max_model_len beyond what the model and the
+    KV cache hold (the engine would cap it; the workload would not): an OptionError."""
     from minipaged.llm import LLM
     from minipaged.model.cpu import fit_blas_threads
 
@@ -40,7 +40,7 @@ def load(args, helpers: bool = False, **options):
             f" cache hold, {llm.max_model_len} tokens"
         )
     if helpers and llm.device == "cpu":
-        return llm, llm.model.use_cores("fit")[0]
+        return llm, llm.use_cores("fit")[0]
     return llm, fit_blas_threads()
 
 

@@ -564,7 +564,7 @@ def main(argv=None) -> int:
         parser.error(str(error))
     threads = split = None
     if llm.device == "cpu":  # LLM() fitted them; the server's own choice now
-        threads, split = llm.model.use_cores(args.cpu_threads)
+        threads, split = llm.use_cores(args.cpu_threads)
     name = args.served_model_name or args.model or DEFAULT_MODEL
     server = Server(
         llm.engine,
