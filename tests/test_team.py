@@ -208,12 +208,12 @@ def test_a_team_attends_a_decode_step_as_one_core_does(two_cores):
         k_cache, v_cache = kv.data[0, layer], kv.data[1, layer]
         alone = attention.decode(q, k_cache, v_cache, tables, lens, 0.3)
         split = cpu._team.attend(
-            q, k_cache, v_cache, tables, lens, 0.3, 2, attention.decode
+            q, k_cache, v_cache, tables, lens, 0.3, 2, attention.decode, None
         )
         np.testing.assert_array_equal(split, alone)
     assert (
         cpu._team.attend(
-            q, before[0, 0], before[1, 0], tables, lens, 0.3, 2, attention.decode
+            q, before[0, 0], before[1, 0], tables, lens, 0.3, 2, attention.decode, None
         )
         is None
     )
@@ -222,9 +222,36 @@ def test_a_team_attends_a_decode_step_as_one_core_does(two_cores):
         split.decode(q, kv.data[0, 1], kv.data[1, 1], tables, lens, 0.3),
         attention.decode(q, kv.data[0, 1], kv.data[1, 1], tables, lens, 0.3),
     )
+    assert cpu.helpers_now() == 1  # the helper took its share, nothing fell back
     cpu.stop_team()
     assert kv.data.flags.owndata
     np.testing.assert_array_equal(kv.data, before)
+
+
+def test_a_team_attends_a_step_with_prompts_as_one_core_does(two_cores):
+    """A step of prompts (their last 12, 3 and 9 positions) and decodes (one each),
+    split between us and a helper by queries times positions: exactly the CPU
+    prefill's numbers, whichever sequence the cut falls after."""
+    from minipaged.attention import cpu as attention
+
+    kv, _, tables, lens = paged_cache()
+    queries = np.array([12, 1, 0, 3, 9])
+    starts = np.concatenate([[0], np.cumsum(queries)])
+    q = np.random.default_rng(2).standard_normal((starts[-1], 4, 8)).astype(np.float32)
+    cpu.start_team(weights((40, 100)), 1, kv)
+    split = cpu.SplitAttention(attention)
+    for layer in range(3):
+        k_cache, v_cache = kv.data[0, layer], kv.data[1, layer]
+        alone = attention.prefill(q, k_cache, v_cache, tables, lens, starts, 0.3)
+        got = split.prefill(q, k_cache, v_cache, tables, lens, starts, 0.3)
+        np.testing.assert_array_equal(got, alone)
+        # the cut after each sequence in turn: a helper's share at every offset
+        for cut in range(1, 5):
+            rows, ours, *call = team.share(q, tables, lens, starts, cut, 5, False)
+            assert rows == slice(starts[cut], starts[5])
+            theirs = attention.prefill(ours, k_cache, v_cache, *call, 0.3)
+            np.testing.assert_array_equal(theirs, alone[rows])
+    assert cpu.helpers_now() == 1  # the helper took its share, nothing fell back
 
 
 def test_a_helper_that_dies_leaves_the_attention_to_us(two_cores):

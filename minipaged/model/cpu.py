@@ -310,42 +310,59 @@ def _stop_team_at_exit() -> None:
 
 
 class SplitAttention:
-    """The CPU attention (minipaged.attention.cpu) with its decode split between this
-    process and the helper processes, each about the same number of the step's
-    positions, where the team shares the engine's KV cache (Team.attend). Anything
-    else, and a decode the team cannot take (an 8-bit cache, one core free now, no
-    team), is the CPU attention's own."""
+    """The CPU attention (minipaged.attention.cpu) with its decode and prefill split
+    between this process and the helper processes, each a range of the step's
+    sequences with about as much of the work, where the team shares the engine's KV
+    cache (Team.attend). write_kv, copy_blocks, and a call the team cannot take (an
+    8-bit cache, one core free now, no team), are the CPU attention's own."""
 
     def __init__(self, impl):
         self.impl = impl
-        self.write_kv, self.prefill = impl.write_kv, impl.prefill
-        self.copy_blocks = impl.copy_blocks
+        self.write_kv, self.copy_blocks = impl.write_kv, impl.copy_blocks
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale, **scales):
-        if _team is not None and _cores.now > 1 and not scales:
-            try:
-                out = _team.attend(
-                    q,
-                    k_cache,
-                    v_cache,
-                    block_tables,
-                    context_lens,
-                    scale,
-                    _cores.now,
-                    self.impl.decode,
-                )
-            except team_module().HelperError as error:
-                warnings.warn(
-                    f"{error}: the helper processes stop; attention goes on here",
-                    stacklevel=2,
-                )
-                stop_team()
-                out = None
-            if out is not None:
-                return out.astype(q.dtype, copy=False)
+        out = self._split(
+            self.impl.decode, None, q, k_cache, v_cache, block_tables, context_lens,
+            scale, scales,
+        )  # fmt: skip
+        if out is not None:
+            return out.astype(q.dtype, copy=False)
         return self.impl.decode(
             q, k_cache, v_cache, block_tables, context_lens, scale, **scales
         )
+
+    def prefill(
+        self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+        **scales,
+    ):  # fmt: skip
+        out = self._split(
+            self.impl.prefill, query_start_loc, q, k_cache, v_cache, block_tables,
+            context_lens, scale, scales,
+        )  # fmt: skip
+        if out is not None:
+            return out.astype(q.dtype, copy=False)
+        return self.impl.prefill(
+            q, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+            **scales,
+        )  # fmt: skip
+
+    def _split(
+        self, attention, starts, q, k_cache, v_cache, tables, lens, scale, scales
+    ):
+        """Team.attend's result, or None where it is not to be split."""
+        if _team is None or _cores.now < 2 or scales:
+            return None
+        try:
+            return _team.attend(
+                q, k_cache, v_cache, tables, lens, scale, _cores.now, attention, starts
+            )
+        except team_module().HelperError as error:
+            warnings.warn(
+                f"{error}: the helper processes stop; attention goes on here",
+                stacklevel=3,
+            )
+            stop_team()
+            return None
 
 
 # ---- How a projection `x @ w` is computed on a CPU -----------------------------------

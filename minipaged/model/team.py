@@ -61,8 +61,9 @@ PANELS, GEMM, ATTEND, STOP = 0, 1, 2, 3
 # arguments, and each helper's range: lo, hi); each helper's done slot (and its process
 # id) is on a line of its own, after them. A product's arguments: weight, rows; an
 # ATTEND's: the byte offsets of the layer's K and V caches, sequences, heads, blocks
-# per sequence, and the scale's float64 bits
-JOB, KIND, ARGS, RANGES = 0, 1, 2, 8
+# per sequence, the scale's float64 bits, and the query rows (0: a decode step, one
+# row per sequence; else the rows of a step with prompts, query_start_loc shared too)
+JOB, KIND, ARGS, RANGES = 0, 1, 2, 10
 
 
 def done_slot(k: int, helpers: int) -> int:
@@ -265,28 +266,36 @@ class Team:
         at = array.ctypes.data - self.base
         return self.kv_range[0] <= at < self.kv_range[1]
 
-    def attend(self, q, k_cache, v_cache, tables, lens, scale, parts: int, decode):
-        """`decode`'s result (minipaged.attention.cpu.decode) for a step's sequences,
-        split over `parts` cores by their context lengths, each core about as many
-        positions; None where this team cannot (the cache is not the one it shares,
-        or too many sequences or blocks for the shared ints)."""
-        num_seqs, heads, head_dim = q.shape
+    def attend(
+        self, q, k_cache, v_cache, tables, lens, scale, parts: int, attention, starts
+    ):
+        """`attention`'s result for a step's sequences, split over `parts` cores, each
+        core a range of the sequences with about as much of the work (queries times
+        positions): `attention` is minipaged.attention.cpu's decode (`starts` None: a
+        row of q per sequence) or prefill (`starts`, its query_start_loc). None where
+        this team cannot: the cache is not the one it shares, or the step is too big
+        for the shared memory."""
+        heads, head_dim = q.shape[1:]
         tables, lens = np.asarray(tables), np.asarray(lens)
+        num_seqs = len(lens)
+        rows = np.arange(num_seqs + 1) if starts is None else np.asarray(starts)
         parts = max(1, min(parts, self.helpers + 1, num_seqs))
         if (
             parts < 2
             or q.dtype != np.float32
             or not (self.holds(k_cache) and self.holds(v_cache))
-            or tables.size + num_seqs > len(self.ints)
+            or tables.size + 2 * num_seqs + 1 > len(self.ints)
+            or q.size > min(len(self.x), len(self.out))
         ):
             return None
-        # each core's sequences: about total / parts positions each
-        ends = np.cumsum(lens)
+        # each core's sequences: about 1 / parts of the work each
+        ends = np.cumsum(np.diff(rows) * lens)
         cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts)
         bounds = [0, *np.minimum(cuts + 1, num_seqs).tolist(), num_seqs]
         self.x[: q.size] = q.reshape(-1)
         self.ints[: tables.size] = tables.reshape(-1)
         self.ints[tables.size : tables.size + num_seqs] = lens
+        self.ints[tables.size + num_seqs : tables.size + 2 * num_seqs + 1] = rows
         args = (
             k_cache.ctypes.data - self.base,
             v_cache.ctypes.data - self.base,
@@ -294,16 +303,17 @@ class Team:
             heads,
             tables.shape[1],
             int(np.float64(scale).view(np.int64)),
+            0 if starts is None else len(q),
         )
         self._publish(self._header(ATTEND, args, bounds))
         result = np.empty(q.shape, np.float32)
-        mine = slice(bounds[0], bounds[1])
-        result[mine] = decode(
-            q[mine], k_cache, v_cache, tables[mine], lens[mine], scale
+        mine, ours, *call = share(
+            q, tables, lens, rows, bounds[0], bounds[1], starts is None
         )
+        result[mine] = attention(ours, k_cache, v_cache, *call, scale)
         self._wait_done()
         self.last_job = time.monotonic()
-        theirs = slice(bounds[1], num_seqs)
+        theirs = slice(rows[bounds[1]], len(q))
         result[theirs] = self.out[: q.size].reshape(q.shape)[theirs]
         return result
 
@@ -436,25 +446,37 @@ def helper(layout: dict) -> None:
         control[done] = seen
 
 
+def share(q, tables, lens, rows, lo: int, hi: int, decoding: bool) -> tuple:
+    """One core's share of an ATTEND job, sequences lo:hi: (its rows of q, their q,
+    then the attention call's arguments after the caches: block tables, context
+    lengths and, for a prefill, its query_start_loc from 0)."""
+    mine = slice(rows[lo], rows[hi])
+    if decoding:
+        return mine, q[mine], tables[lo:hi], lens[lo:hi]
+    return mine, q[mine], tables[lo:hi], lens[lo:hi], rows[lo : hi + 1] - rows[lo]
+
+
 def attend(memory, frames, x, ints, out, args, lo: int, hi: int) -> None:
-    """A helper's share of an ATTEND job: sequences lo:hi of the step, decoded from the
-    shared cache into the same rows of the shared output."""
+    """A helper's share of an ATTEND job: sequences lo:hi of the step, attended over
+    the shared cache into the same rows of the shared output."""
     if lo == hi:
         return
-    from minipaged.attention.cpu import decode
+    from minipaged.attention import cpu as attention
 
-    k_at, v_at, num_seqs, heads, blocks, scale_bits = args
+    k_at, v_at, num_seqs, heads, blocks, scale_bits, num_rows = args[:7]
     shape, dtype = frames
     k_cache = np.ndarray(shape, dtype, memory, k_at)
     v_cache = np.ndarray(shape, dtype, memory, v_at)
-    q = x[: num_seqs * heads * shape[-1]].reshape(num_seqs, heads, shape[-1])
+    decoding = num_rows == 0
+    num_rows = num_seqs if decoding else num_rows
+    q = x[: num_rows * heads * shape[-1]].reshape(num_rows, heads, shape[-1])
     tables = ints[: num_seqs * blocks].reshape(num_seqs, blocks)
-    lens = ints[num_seqs * blocks : num_seqs * blocks + num_seqs]
+    at = num_seqs * blocks
+    lens, rows = ints[at : at + num_seqs], ints[at + num_seqs : at + 2 * num_seqs + 1]
     scale = float(np.int64(scale_bits).view(np.float64))
-    result = out[: q.size].reshape(q.shape)
-    result[lo:hi] = decode(
-        q[lo:hi], k_cache, v_cache, tables[lo:hi], lens[lo:hi], scale
-    )
+    mine, ours, *call = share(q, tables, lens, rows, lo, hi, decoding)
+    how = attention.decode if decoding else attention.prefill
+    out[: q.size].reshape(q.shape)[mine] = how(ours, k_cache, v_cache, *call, scale)
 
 
 if __name__ == "__main__":
