@@ -270,3 +270,27 @@ def test_a_helper_that_dies_leaves_the_attention_to_us(two_cores):
         )
     np.testing.assert_array_equal(got, expected)
     assert cpu.helpers_now() == 0 and kv.data.flags.owndata
+
+
+def test_a_fresh_caches_zero_frames_stay_unwritten():
+    """copy_written copies the frames that hold something and skips the zero ones (the
+    target is fresh shared memory, zeros already): the copy equals the source."""
+    source = np.zeros((2, 3, 600, 4, 2, 8), np.float32)  # (K/V, layers, frames, ...)
+    source[0, 1, 5] = 1.5
+    source[1, 2, 599, 3] = -2.0
+    source[1, 0, 300:302] = 7.0
+    target = np.zeros_like(source)
+    team.copy_written(source, target, rows=256)
+    np.testing.assert_array_equal(target, source)
+
+
+def test_with_helpers_one_row_goes_by_panels_too():
+    """BLAS's own threads would compete with a spinning helper: with a team, one row
+    takes the panels, and many rows the GEMM, as without."""
+    assert cpu.projection_path(1) == "matrix-vector"
+    assert [cpu.projection_path(n, 24, team=True) for n in (1, 2, 23, 24)] == [
+        "panels",
+        "panels",
+        "panels",
+        "gemm",
+    ]

@@ -12,17 +12,17 @@ multiplies by its own range of the same weights (the weights live once, in that 
 memory). Measured there, a step's products of 16 rows by SmolLM2's weights took 41 ms
 with one helper process, 55 ms with the helper thread and 78 ms on one core.
 
-A server's decode attention is split the same way (`Team.attend`, through
-model/cpu.py's SplitAttention): the engine's KV cache moves into the shared memory too,
-and each core attends about half of the step's positions, a range of its sequences.
+A server's attention is split too (`Team.attend`, through model/cpu.py's
+SplitAttention): the engine's KV cache moves into the shared memory, and each core
+attends a range of the step's sequences with about as much work as the others.
 
 How a product goes (`Team.product`): we copy x into the shared memory, write which
-weight, how many rows and each helper's column range, then bump the job counter; each
-helper sees the counter change, computes its range into the shared output and writes
-the job's number into its own `done` slot; we compute our range meanwhile, then wait
-until every helper's slot holds the job's number. A helper that had no job for SPIN
-seconds stops spinning and sleeps on a pipe, and we write a byte to that pipe before a
-job that follows such a gap.
+weight, how many rows and each helper's range (of the output's columns for a few rows,
+of the rows for many), then bump the job counter; each helper sees the counter change,
+computes its range into the shared output and writes the job's number into its own
+`done` slot; we compute our range meanwhile, then wait until every helper's slot holds
+the job's number. A helper that had no job for SPIN seconds stops spinning and sleeps on
+a pipe, and we write a byte to that pipe before a job that follows such a gap.
 
 Linux on x86-64 only: the shared memory is a memfd, and the counters rely on x86's
 store order (data written before a counter is seen before it by a process that reads
@@ -44,6 +44,11 @@ import numpy as np
 
 # a helper with no job for this long sleeps until we write to its pipe
 SPIN = 0.05
+# a wait spins this many times (some tens of us), then gives the core to whoever else
+# is runnable at each turn: our process when the helper waits, the helper when we do,
+# and a server's own threads (its HTTP loop), which would otherwise wait for a time
+# slice while both cores spin
+YIELD_SPINS = 500
 # rows of x one job multiplies at most (more rows go in several jobs)
 CHUNK_ROWS = 1024
 # the shared output's size; a job's rows are cut so that rows x width fit
@@ -54,15 +59,16 @@ LINE = 8
 START_SECONDS = 60.0
 # the shared ints (block tables and context lengths of an ATTEND job), int64
 INT_BYTES = 1 << 20
-# what a job asks: multiply by panels (a few rows), by one GEMM (many), attend (the
-# sequences of a decode step), or stop
+# what a job asks: multiply by panels (a few rows), by one GEMM (many), attend (a
+# range of a step's sequences), or stop
 PANELS, GEMM, ATTEND, STOP = 0, 1, 2, 3
-# the job's slots, written by us only: the counter, then the header (kind, six
-# arguments, and each helper's range: lo, hi); each helper's done slot (and its process
-# id) is on a line of its own, after them. A product's arguments: weight, rows; an
-# ATTEND's: the byte offsets of the layer's K and V caches, sequences, heads, blocks
-# per sequence, the scale's float64 bits, and the query rows (0: a decode step, one
-# row per sequence; else the rows of a step with prompts, query_start_loc shared too)
+# the job's slots, written by us only: the counter, then the header (kind, eight
+# slots of arguments, and each helper's range: lo, hi); each helper's done slot (and
+# its process id) is on a line of its own, after them. A product's arguments: weight,
+# rows; an ATTEND's: the byte offsets of the layer's K and V caches, sequences, heads,
+# blocks per sequence, the scale's float64 bits, and the query rows (0: a decode step,
+# one row per sequence; else the rows of a step with prompts, query_start_loc shared
+# too)
 JOB, KIND, ARGS, RANGES = 0, 1, 2, 10
 
 
@@ -91,7 +97,7 @@ class Team:
     weight moved into memory shared with them (no second copy). `product(w, x, parts)`
     splits one product over `parts` cores: ours and parts - 1 helpers'. With `kv` (an
     engine's KVCache, whose `data` holds every layer's K and V), the cache moves into
-    that memory too, and `attend` splits a decode step's sequences."""
+    that memory too, and `attend` splits a step's attention."""
 
     def __init__(self, weights: list, helpers: int, kv=None):
         if helpers < 1:
@@ -104,8 +110,9 @@ class Team:
         self.helpers, self.weights = helpers, list(weights)
         self.panel = weights[0].panels.shape[1]
         widest_in = max(w.out_rows.shape[1] for w in weights)
-        # the shared memory: control lines, x, the output, then every weight
-        control = 4096
+        # the shared memory: control lines, x, the output, the ints, every weight, then
+        # the KV cache
+        control = _aligned(8 * done_slot(helpers, helpers))
         x_bytes = _aligned(CHUNK_ROWS * widest_in * 4)
         offsets, size = [], control + x_bytes + OUT_BYTES + INT_BYTES
         for w in weights:
@@ -117,8 +124,10 @@ class Team:
         self.fd = os.memfd_create("minipaged-weights")
         self.procs, self.wakes = [], []
         try:
-            # reserve the pages now: a full tmpfs fails here, not in a page fault
-            os.posix_fallocate(self.fd, 0, size)
+            os.ftruncate(self.fd, size)
+            # the weights' pages now (no room fails here, not in a page fault); the KV
+            # cache's come as its frames are written
+            os.posix_fallocate(self.fd, 0, kv_at)
             self.memory = mmap.mmap(self.fd, size)
         except OSError as error:
             os.close(self.fd)
@@ -143,7 +152,7 @@ class Team:
         self.base = np.frombuffer(self.memory, np.uint8, 1).ctypes.data
         if kv is not None:
             shared = np.ndarray(kv.data.shape, kv.data.dtype, self.memory, kv_at)
-            shared[...] = kv.data
+            copy_written(kv.data, shared)
             kv.data, self.kv = shared, kv
             self.kv_range = (kv_at, kv_at + shared.nbytes)
             frames = [list(shared.shape[2:]), shared.dtype.str]
@@ -330,6 +339,8 @@ class Team:
             slot = done_slot(k, self.helpers)
             while ctl[slot] != job:
                 spins += 1
+                if spins > YIELD_SPINS:
+                    os.sched_yield()  # the helper may wait for this core
                 if spins % 4096 == 0:
                     self._check(k, since)
 
@@ -391,6 +402,20 @@ def multiply(kind, x, out_rows, panel: int, out, lo: int, hi: int) -> None:
         np.matmul(x[lo:hi], out_rows.T, out=out[lo:hi])
 
 
+def copy_written(source: np.ndarray, target: np.ndarray, rows: int = 256) -> None:
+    """Copy `source` into `target` (fresh shared memory, all zeros), `rows` frames at a
+    time, skipping those that are all zeros: a fresh KV cache's pages stay unwritten,
+    and take no memory until the engine writes them."""
+    frames = source.shape[-4]  # (..., frames, block_size, kvh, head_dim)
+    flat_source = source.reshape(-1, *source.shape[-4:])
+    flat_target = target.reshape(flat_source.shape)
+    for outer in range(len(flat_source)):
+        for lo in range(0, frames, rows):
+            chunk = flat_source[outer, lo : lo + rows]
+            if chunk.any():
+                flat_target[outer, lo : lo + rows] = chunk
+
+
 def _aligned(nbytes: int, to: int = 4096) -> int:
     return -(-nbytes // to) * to
 
@@ -418,6 +443,8 @@ def helper(layout: dict) -> None:
         spins, idle_since = 0, time.monotonic()
         while control[JOB] == seen:
             spins += 1
+            if spins > YIELD_SPINS:
+                os.sched_yield()  # our process (or its server's threads) may wait
             if spins % 1024 == 0 and time.monotonic() - idle_since > SPIN:
                 if not os.read(wake, 4096):
                     return  # the pipe closed: our process is gone

@@ -129,16 +129,13 @@ def bench_projections(args) -> dict:
                         weight_bytes / seconds / limits["copy_bytes_per_s"]
                     ),
                     "engine": name == chosen,
+                    "server": False,
                 }
             )
     team_rows, team_gemm_rows, team_note = team_ways(
         weights, args, cores, weight_bytes, limits
     )
-    if team_rows:
-        # the server's way (Model.use_cores): the helper processes
-        for row in rows_out:
-            row["engine"] = False
-        rows_out = sorted(rows_out + team_rows, key=lambda row: row["rows"])
+    rows_out = sorted(rows_out + team_rows, key=lambda row: row["rows"])
     handoff = handoff_seconds(cores)
     result = {
         "model": llm.model_name,
@@ -162,9 +159,10 @@ def bench_projections(args) -> dict:
 
 def team_ways(weights, args, cores: int, weight_bytes: int, limits: dict):
     """The products split over helper processes (model/team.py), as a server and
-    `bench decode` run them: panels and GEMM at each --rows count, timed like the other
-    ways, the engine's marked by the GEMM's row count timed with them. Returns (rows,
-    that row count, what ran in a few words); no rows where helpers cannot run here."""
+    `bench decode` run them (LLM.use_cores): panels and GEMM at each --rows count, timed
+    like the other ways, the server's way marked ("server") by the GEMM's row count
+    timed with them. Returns (rows, that row count, what ran in a few words); no rows
+    where helpers cannot run here."""
     from minipaged.model import cpu, team
 
     note = cpu.start_team(weights, cores - 1)
@@ -201,7 +199,8 @@ def team_ways(weights, args, cores: int, weight_bytes: int, limits: dict):
                         "share_of_copy_bandwidth": (
                             weight_bytes / seconds / limits["copy_bytes_per_s"]
                         ),
-                        "engine": name.startswith(chosen),
+                        "engine": False,
+                        "server": name.startswith(chosen),
                     }
                 )
         return rows_out, gemm_rows, note
@@ -269,6 +268,7 @@ def print_table(result: dict) -> None:
     print(f"{'rows':>4}  {'way':<24} {'step':>9} {'GB/s':>6} {'of copy bw':>10}")
     for r in result["results"]:
         mark = "  <- the engine's" if r["engine"] else ""
+        mark = "  <- a server's" if r["server"] else mark
         print(
             f"{r['rows']:>4}  {r['way']:<24} {r['ms']:>6.1f} ms {r['gb_per_s']:>6.1f} "
             f"{100 * r['share_of_copy_bandwidth']:>9.0f}%{mark}"
@@ -276,8 +276,9 @@ def print_table(result: dict) -> None:
     print(f"the engine's way: {result['why']}")
     if result["helpers_gemm_rows"] is not None:
         print(
-            f"with {result['helpers']} (a server's, `bench decode`'s): panels below"
-            f" {result['helpers_gemm_rows']} rows, the GEMM from there"
+            f"a server's way, with {result['helpers']} (LLM.use_cores, as `bench"
+            f" decode`): panels below {result['helpers_gemm_rows']} rows, the GEMM from"
+            " there"
         )
     else:
         print(f"helper processes: {result['helpers']}")
