@@ -120,17 +120,7 @@ def bench_projections(args) -> dict:
                 args.repeats,
             )
             rows_out.append(
-                {
-                    "rows": rows,
-                    "way": name,
-                    "ms": 1000 * seconds,
-                    "gb_per_s": weight_bytes / seconds / 1e9,
-                    "share_of_copy_bandwidth": (
-                        weight_bytes / seconds / limits["copy_bytes_per_s"]
-                    ),
-                    "engine": name == chosen,
-                    "server": False,
-                }
+                timed(rows, name, seconds, weight_bytes, limits, name == chosen, False)
             )
     team_rows, team_gemm_rows, team_note = team_ways(
         weights, args, cores, weight_bytes, limits
@@ -190,22 +180,27 @@ def team_ways(weights, args, cores: int, weight_bytes: int, limits: dict):
                     ],
                     args.repeats,
                 )
+                served = name.startswith(chosen)
                 rows_out.append(
-                    {
-                        "rows": rows,
-                        "way": name,
-                        "ms": 1000 * seconds,
-                        "gb_per_s": weight_bytes / seconds / 1e9,
-                        "share_of_copy_bandwidth": (
-                            weight_bytes / seconds / limits["copy_bytes_per_s"]
-                        ),
-                        "engine": False,
-                        "server": name.startswith(chosen),
-                    }
+                    timed(rows, name, seconds, weight_bytes, limits, False, served)
                 )
         return rows_out, gemm_rows, note
     finally:
         cpu.stop_team()
+
+
+def timed(rows, way, seconds, weight_bytes, limits, engine, server) -> dict:
+    """One line of the table: a way at a row count, its time and the GB/s it read;
+    whether it is the engine's way, and a server's."""
+    return {
+        "rows": rows,
+        "way": way,
+        "ms": 1000 * seconds,
+        "gb_per_s": weight_bytes / seconds / 1e9,
+        "share_of_copy_bandwidth": weight_bytes / seconds / limits["copy_bytes_per_s"],
+        "engine": engine,
+        "server": server,
+    }
 
 
 def engine_way(rows: int, gemm_rows: int | None) -> str:
