@@ -91,7 +91,9 @@ class LLM:
         from minipaged.attention import cpu as cpu_attention
         from minipaged.model import cpu
 
-        threads, how = self.model.use_cores(choice, kv=self.engine.kv)
+        threads, how = self.model.use_cores(
+            choice, kv=self.engine.kv, attention=cpu_attention.__name__
+        )
         attention = self.engine.runner.attention
         if cpu.helpers_now() and attention.impl is cpu_attention:
             attention.impl = cpu.SplitAttention(cpu_attention)

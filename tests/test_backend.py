@@ -119,10 +119,11 @@ def test_busy_cores_sees_a_competing_process():
         spinner.wait()
 
 
-def test_our_own_work_is_not_a_neighbours():
-    """A thread of ours and another program spin side by side: busy_cores_lately counts
-    the other program's core, not ours (the machine's busy ticks less our own)."""
+def test_our_own_work_is_not_a_neighbours(monkeypatch):
+    """busy_cores_lately: the machine's busy ticks less our own, per second since the
+    last look, rounded half up; a thread of ours spinning shows in our own ticks."""
     import threading
+    from types import SimpleNamespace
 
     stop = threading.Event()
 
@@ -130,20 +131,25 @@ def test_our_own_work_is_not_a_neighbours():
         while not stop.is_set():
             np.ones(1 << 16).sum()
 
+    before = cpu.cpu_jiffies()
     ours = threading.Thread(target=spin)
-    theirs = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     ours.start()
-    try:
-        time.sleep(0.3)  # both running, not starting up
-        cores = cpu._Cores()
-        cpu.busy_cores_lately(cores)
-        time.sleep(1.0)
-        assert cpu.busy_cores_lately(cores) == 1
-    finally:
-        stop.set()
-        ours.join()
-        theirs.kill()
-        theirs.wait()
+    time.sleep(0.5)
+    stop.set()
+    ours.join()
+    after = cpu.cpu_jiffies()
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert after[1] - before[1] >= 0.2 * ticks  # our spinning is counted as ours
+    assert after[0] - before[0] >= after[1] - before[1] - 2  # and as the machine's
+    # the arithmetic, on ticks given: 100 a second
+    moments = iter([100.0, 101.0, 102.0])
+    looks = iter([(1000, 500), (1150, 600), (1290, 700)])
+    monkeypatch.setattr(cpu, "cpu_jiffies", lambda: next(looks))
+    monkeypatch.setattr(cpu, "time", SimpleNamespace(monotonic=lambda: next(moments)))
+    monkeypatch.setattr(cpu, "busy_cores", lambda samples: 7)  # the first look's
+    monkeypatch.setattr(cpu.os, "sysconf", lambda name: 100)
+    cores = cpu._Cores()
+    assert [cpu.busy_cores_lately(cores) for _ in range(3)] == [7, 1, 0]
 
 
 # ---- how a projection is computed on a CPU -------------------------------------------

@@ -201,7 +201,10 @@ def test_a_team_attends_a_decode_step_as_one_core_does(two_cores):
     kv, q, tables, lens = paged_cache()
     before = kv.data.copy()
     ws = weights((40, 100))
-    assert cpu.start_team(ws, 1, kv) == "1 helper process(es) beside this one"
+    assert (
+        cpu.start_team(ws, 1, kv, "minipaged.attention.cpu")
+        == "1 helper process(es) beside this one"
+    )
     assert not kv.data.flags.owndata
     np.testing.assert_array_equal(kv.data, before)
     for layer in range(3):
@@ -238,7 +241,7 @@ def test_a_team_attends_a_step_with_prompts_as_one_core_does(two_cores):
     queries = np.array([12, 1, 0, 3, 9])
     starts = np.concatenate([[0], np.cumsum(queries)])
     q = np.random.default_rng(2).standard_normal((starts[-1], 4, 8)).astype(np.float32)
-    cpu.start_team(weights((40, 100)), 1, kv)
+    cpu.start_team(weights((40, 100)), 1, kv, "minipaged.attention.cpu")
     split = cpu.SplitAttention(attention)
     for layer in range(3):
         k_cache, v_cache = kv.data[0, layer], kv.data[1, layer]
@@ -259,7 +262,7 @@ def test_a_helper_that_dies_leaves_the_attention_to_us(two_cores):
     from minipaged.attention import cpu as attention
 
     kv, q, tables, lens = paged_cache()
-    cpu.start_team(weights((40, 100)), 1, kv)
+    cpu.start_team(weights((40, 100)), 1, kv, "minipaged.attention.cpu")
     expected = attention.decode(q, kv.data[0, 2], kv.data[1, 2], tables, lens, 0.3)
     proc = cpu._team.procs[0]
     proc.kill()

@@ -268,13 +268,13 @@ def cores_for(choice: str | int) -> int:
     return max(1, min(int(choice), most))
 
 
-def start_team(weights: list, helpers: int, kv=None) -> str:
+def start_team(weights: list, helpers: int, kv=None, attention: str = "") -> str:
     """Split the products by `weights` (PanelWeights) over `helpers` helper processes
     and this one from now on (model/team.py), in place of BLAS's threads and the
-    panels' helper thread; with `kv` (an engine's KVCache), its decode attention too
-    (SplitAttention). A team already running stops first. Says in a few words what
-    runs: where helpers cannot run here, or MINIPAGED_CPU_HELPERS=0, the threads stay,
-    and the answer says why.
+    panels' helper thread; with `kv` (an engine's KVCache), its attention too
+    (SplitAttention), the helpers running module `attention`'s (its name). A team
+    already running stops first. Says in a few words what runs: where helpers cannot run
+    here, or MINIPAGED_CPU_HELPERS=0, the threads stay, and the answer says why.
     """
     stop_team()
     if helpers < 1:
@@ -284,7 +284,7 @@ def start_team(weights: list, helpers: int, kv=None) -> str:
     team = team_module()
     global _team
     try:
-        _team = team.Team(weights, helpers, kv)
+        _team = team.Team(weights, helpers, kv, attention)
     except team.HelperError as error:
         return f"no helper processes ({error}): BLAS threads"
     _set_blas_threads(_cores.now)

@@ -131,19 +131,24 @@ class Model:
             w.gemm_rows = rows
         return rows
 
-    def use_cores(self, choice: str | int, kv=None) -> tuple[int, str]:
+    def use_cores(
+        self, choice: str | int, kv=None, attention: str = ""
+    ) -> tuple[int, str]:
         """For a long-running process on a CPU (the server, the benchmarks): how many
         cores the products use, `choice` as model/cpu.py's use_cores ("fit", "all" or
         a count), and helper processes that compute their share on the other cores
         (model/team.py) where they can run, sharing `kv` (an engine's KVCache) too when
-        given. Returns (cores in use now, what splits the products, in a few words).
+        given, whose attention the helpers run with module `attention` (its name).
+        Returns (cores in use now, what splits the products, in a few words).
         Nothing to do on a GPU."""
         if self.xp is not np:
             return 0, "a GPU"
         threads = cpu.use_cores(choice)
         if not isinstance(self.lm_head, cpu.PanelWeight):
             return threads, "BLAS threads (no weight panels here)"
-        how = cpu.start_team(self.projection_weights(), cpu.cores_for(choice) - 1, kv)
+        how = cpu.start_team(
+            self.projection_weights(), cpu.cores_for(choice) - 1, kv, attention
+        )
         self.choose_gemm_rows()  # the split changed: timed again (or kept)
         return threads, how
 

@@ -1,37 +1,43 @@
-"""Helper processes that multiply by the model's weights on a CPU's other cores.
-
-A decode step on a CPU is mostly products `x @ w` of a few rows by every weight of the
-model (121 for SmolLM2-135M). To use two cores, each product is cut into column ranges
-and each core computes one. In threads (model/cpu.py's `_split`) every product hands
-its second half to a sleeping thread: the operating system wakes it and the
-interpreter's lock changes hands, about 80-90 us a product on the 2-core machine of
-bench/results/2026-12-05-cpu-2core-team/, some 10 ms a step. A helper process has no
-share in our interpreter's lock: between products it waits spinning on a counter in
-memory shared with us, sees the next product within a microsecond or two, and
-multiplies by its own range of the same weights (the weights live once, in that shared
-memory). Measured there, a step's products of 16 rows by SmolLM2's weights took 41 ms
-with one helper process, 55 ms with the helper thread and 78 ms on one core.
-
-A server's attention is split too (`Team.attend`, through model/cpu.py's
-SplitAttention): the engine's KV cache moves into the shared memory, and each core
-attends a range of the step's sequences with about as much work as the others.
-
-How a product goes (`Team.product`): we copy x into the shared memory, write which
-weight, how many rows and each helper's range (of the output's columns for a few rows,
-of the rows for many), then bump the job counter; each helper sees the counter change,
-computes its range into the shared output and writes the job's number into its own
-`done` slot; we compute our range meanwhile, then wait until every helper's slot holds
-the job's number. A helper that had no job for SPIN seconds stops spinning and sleeps on
-a pipe, and we write a byte to that pipe before a job that follows such a gap.
-
-Linux on x86-64 only: the shared memory is a memfd, and the counters rely on x86's
-store order (data written before a counter is seen before it by a process that reads
-the counter first). Elsewhere the threads of model/cpu.py do the split.
+"""Helper processes that compute their share of a CPU step on the other cores: every
+product `x @ w` and the step's attention, over the weights and KV cache in memory shared
+with them, each helper waiting for the next job spinning on a counter there (no thread
+to wake, no interpreter lock to hand over). Linux on x86-64; model/cpu.py starts them.
 """
+
+# Why processes, and how a job goes.
+#
+# A decode step on a CPU is mostly products `x @ w` of a few rows by every weight of the
+# model (121 for SmolLM2-135M). To use two cores, each product is cut into column ranges
+# and each core computes one. In threads (model/cpu.py's `_split`) every product hands
+# its second half to a sleeping thread: the operating system wakes it and the
+# interpreter's lock changes hands, about 80-90 us a product on the 2-core machine of
+# bench/results/2026-12-05-cpu-2core-team/, some 10 ms a step. A helper process has no
+# share in our interpreter's lock: between products it waits spinning on a counter in
+# memory shared with us, sees the next product within a microsecond or two, and
+# multiplies by its own range of the same weights (the weights live once, in that shared
+# memory). Measured there, a step's products of 16 rows by SmolLM2's weights took 41 ms
+# with one helper process, 55 ms with the helper thread and 78 ms on one core.
+#
+# A server's attention is split too (`Team.attend`, through model/cpu.py's
+# SplitAttention): the engine's KV cache moves into the shared memory, and each core
+# attends a range of the step's sequences with about as much work as the others.
+#
+# How a product goes (`Team.product`): we copy x into the shared memory, write which
+# weight, how many rows and each helper's range (of the output's columns for a few rows,
+# of the rows for many), then bump the job counter; each helper sees the counter change,
+# computes its range into the shared output and writes the job's number into its own
+# `done` slot; we compute our range meanwhile, then wait until every helper's slot holds
+# the job's number. A helper that had no job for SPIN seconds stops spinning and sleeps
+# on a pipe, and we write a byte to that pipe before a job that follows such a gap.
+#
+# Linux on x86-64 only: the shared memory is a memfd, and the counters rely on x86's
+# store order (data written before a counter is seen before it by a process that reads
+# the counter first). Elsewhere the threads of model/cpu.py do the split.
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import mmap
 import os
@@ -97,9 +103,11 @@ class Team:
     weight moved into memory shared with them (no second copy). `product(w, x, parts)`
     splits one product over `parts` cores: ours and parts - 1 helpers'. With `kv` (an
     engine's KVCache, whose `data` holds every layer's K and V), the cache moves into
-    that memory too, and `attend` splits a step's attention."""
+    that memory too, and `attend` splits a step's attention; `attention` names the
+    module whose decode and prefill the helpers run (minipaged.attention.cpu: the
+    caller's, so that this layer imports none)."""
 
-    def __init__(self, weights: list, helpers: int, kv=None):
+    def __init__(self, weights: list, helpers: int, kv=None, attention: str = ""):
         if helpers < 1:
             raise ValueError(f"a team needs at least one helper process, not {helpers}")
         reason = supported()
@@ -155,7 +163,7 @@ class Team:
             copy_written(kv.data, shared)
             kv.data, self.kv = shared, kv
             self.kv_range = (kv_at, kv_at + shared.nbytes)
-            frames = [list(shared.shape[2:]), shared.dtype.str]
+            frames = [list(shared.shape[2:]), shared.dtype.str, attention]
         self.index = {id(w): i for i, w in enumerate(weights)}
         self.job, self.last_job, self.headers = 0, time.monotonic(), {}
         try:
@@ -488,10 +496,9 @@ def attend(memory, frames, x, ints, out, args, lo: int, hi: int) -> None:
     the shared cache into the same rows of the shared output."""
     if lo == hi:
         return
-    from minipaged.attention import cpu as attention
-
     k_at, v_at, num_seqs, heads, blocks, scale_bits, num_rows = args[:7]
-    shape, dtype = frames
+    shape, dtype, module = frames
+    attention = importlib.import_module(module)
     k_cache = np.ndarray(shape, dtype, memory, k_at)
     v_cache = np.ndarray(shape, dtype, memory, v_at)
     decoding = num_rows == 0
