@@ -85,7 +85,7 @@ class LLM:
         """On a CPU, for a long-running process (the server, the benchmarks): the cores
         to use ("fit", "all" or a count: model/cpu.py's use_cores), and helper processes
         on the cores beyond the first (model/team.py) that compute their share of every
-        product and of this engine's decode attention, over the weights and KV cache in
+        product and of this engine's attention, over the weights and KV cache in
         memory shared with them. Returns (cores in use now, what splits the work, in a
         few words)."""
         from minipaged.attention import cpu as cpu_attention

@@ -92,8 +92,7 @@ def _own_running_threads() -> int:
     """Our threads running now, and our helper processes' (model/team.py): they are
     ours, not a neighbour's."""
     tasks = [f"/proc/self/task/{task}" for task in os.listdir("/proc/self/task")]
-    if _team is not None:
-        tasks += [f"/proc/{pid}" for pid in _team.pids()]
+    tasks += _helpers_in_proc()
     running = 0
     for task in tasks:
         try:
@@ -123,16 +122,18 @@ def cpu_jiffies() -> tuple[int, int]:
     hypervisor."""
     with open("/proc/stat") as stat:
         user, nice, system, _, _, irq, softirq = map(int, stat.readline().split()[1:8])
-    ours = ["/proc/self/stat"]
-    if _team is not None:
-        ours += [f"/proc/{pid}/stat" for pid in _team.pids()]
     own = 0
-    for path in ours:
+    for task in ["/proc/self", *_helpers_in_proc()]:
         with contextlib.suppress(OSError):  # a helper that just ended
-            with open(path) as stat:
+            with open(f"{task}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
             own += int(fields[11]) + int(fields[12])  # utime, stime
     return user + nice + system + irq + softirq, own
+
+
+def _helpers_in_proc() -> list[str]:
+    """Our helper processes' folders in /proc (none without a team)."""
+    return [] if _team is None else [f"/proc/{pid}" for pid in _team.pids()]
 
 
 def busy_cores_lately(cores: _Cores) -> int:
@@ -573,22 +574,23 @@ def choose_gemm_rows(weights: list) -> int:
                 " more"
             )
         return int(chosen)
-    shapes = (tuple(w.shape for w in weights), helpers_now())
-    if shapes not in _gemm_rows_seen:
-        key = machine_key(shapes[0])
+    shapes = tuple(w.shape for w in weights)
+    seen = (shapes, helpers_now())  # with helpers the products split another way
+    if seen not in _gemm_rows_seen:
+        key = machine_key(shapes)
         rows = kept_gemm_rows().get(key)
         how = f"kept in {gemm_rows_file()}"
         if not isinstance(rows, int) or rows < 2:
             fit_blas_threads(samples=3)
             rows = _time_gemm_rows(weights)
             how = keep_gemm_rows(key, rows)
-        _gemm_rows_seen[shapes] = rows
-        _gemm_rows_how[shapes] = how
-    return _gemm_rows_seen[shapes]
+        _gemm_rows_seen[seen] = rows
+        _gemm_rows_how[seen] = how
+    return _gemm_rows_seen[seen]
 
 
-# choose_gemm_rows's answers in this process, by the shapes it was given, and how
-# each was had (gemm_rows_how)
+# choose_gemm_rows's answers in this process, by the shapes it was given (and the
+# helper processes running), and how each was had (gemm_rows_how)
 _gemm_rows_seen: dict = {}
 _gemm_rows_how: dict = {}
 # where choose_gemm_rows keeps its answers between processes, in cache_dir()
@@ -603,8 +605,8 @@ def gemm_rows_how(weights: list) -> str:
     """How choose_gemm_rows had its answer for these weights, in a few words."""
     if os.environ.get("MINIPAGED_GEMM_ROWS"):
         return "MINIPAGED_GEMM_ROWS"
-    shapes = (tuple(w.shape for w in weights), helpers_now())
-    return _gemm_rows_how.get(shapes, "not chosen yet")
+    seen = (tuple(w.shape for w in weights), helpers_now())
+    return _gemm_rows_how.get(seen, "not chosen yet")
 
 
 def helpers_now() -> int:

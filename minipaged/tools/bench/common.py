@@ -23,7 +23,7 @@ class OptionError(Exception):
 
 def load(args, helpers: bool = False, **options):
     """(LLM, BLAS threads): the model of args.model on args.device, BLAS fitted to the
-    idle cores; with `helpers`, on a CPU, the products and decode attention split over
+    idle cores; with `helpers`, on a CPU, the products and the attention split over
     helper processes as a server's are (LLM.use_cores). No such model, no usable GPU,
     engine options the engine refuses, or a max_model_len beyond what the model and the
     KV cache hold (the engine would cap it; the workload would not): an OptionError."""

@@ -114,7 +114,7 @@ def decode_run(llm, args, batch: int, threads: int, limits: dict) -> dict:
     if not args.json:
         print(
             f"{result['model']} on {result['device']} ({result['dtype']}, {threads}"
-            f" BLAS threads): batch {batch}, prompt {args.prompt_len} tokens, prefill"
+            f" cores): batch {batch}, prompt {args.prompt_len} tokens, prefill"
             f" {result['prefill_s']:.2f} s; decode {result['tokens_per_s']:.1f} tok/s"
             f" ({step_ms:.1f} ms/step; limit {result['limit_ms']:.1f} ms: weights at"
             f" {limits['copy_bytes_per_s'] / 1e9:.0f} GB/s {memory_ms:.1f} ms, work at"
