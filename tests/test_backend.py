@@ -325,6 +325,39 @@ def test_the_answer_is_kept_for_later_loads_on_this_machine(monkeypatch, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == [cpu.GEMM_ROWS_FILE]
 
 
+def test_panels_pay_is_timed_once_per_machine_and_kept(monkeypatch, tmp_path):
+    """panels_pay times at the first load and keeps its answer beside
+    choose_gemm_rows's: a later process reads it (a server must not take another path
+    by a noisy timing). A "no" is timed three times, a "yes" once; a broken answer in
+    the file means timing again."""
+    monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path))
+    timings = []
+
+    def timed():
+        timings.append(1)
+        return len(timings) > 3  # no, no, no, then yes
+
+    monkeypatch.setattr(cpu, "_time_panels", timed)
+
+    def new_process():
+        cpu.panels_pay.cache_clear()
+        return cpu.panels_pay()
+
+    try:
+        assert new_process() is False and timings == [1, 1, 1]
+        kept = json.loads((tmp_path / cpu.GEMM_ROWS_FILE).read_text())
+        [(key, answer)] = kept.items()
+        assert answer is False and key.startswith("panels at 2 rows | ")
+        monkeypatch.setattr(cpu, "_time_panels", lambda: pytest.fail("timed again"))
+        assert new_process() is False
+        (tmp_path / cpu.GEMM_ROWS_FILE).write_text(json.dumps({key: 3}))
+        monkeypatch.setattr(cpu, "_time_panels", timed)
+        assert new_process() is True and timings == [1, 1, 1, 1]
+        assert json.loads((tmp_path / cpu.GEMM_ROWS_FILE).read_text()) == {key: True}
+    finally:
+        cpu.panels_pay.cache_clear()
+
+
 def test_a_close_call_stays_with_the_panels(monkeypatch):
     """The GEMM must be GEMM_MARGIN faster to take over: a panels pass slowed by chance
     must not decide for every later load."""

@@ -532,22 +532,47 @@ def projection_weight(array: np.ndarray, xp, dtype):
 @functools.cache
 def panels_pay() -> bool:
     """Does this machine's BLAS multiply 2 rows faster by panels than by its own GEMM?
-    Timed once per process (about 50 ms), on a 32 MB weight, bigger than most caches:
-    OpenBLAS on x86 gains
-    2-3x; another BLAS (Apple's Accelerate, MKL) may pick good code by itself."""
-    w = np.full((512, 16384), 0.5, np.float32)  # the values do not change the time
+    Timed at the first load on this machine (_time_panels) and kept in
+    cache_dir()/GEMM_ROWS_FILE by processor, cores, NumPy and BLAS, beside
+    choose_gemm_rows's answers: later loads read it. OpenBLAS on x86 gains 2-3x on the
+    2-core EPYC, 1.5x on the 2-core Xeon; another BLAS (Apple's Accelerate, MKL) may
+    pick good code by itself.
+
+    Why kept: timed anew in each process, the Xeon's small gain lost to noise in one
+    load in ten or so, and a server so loaded took BLAS's path, without the helper
+    processes, at two thirds of its speed
+    (bench/results/2026-12-05-cpu-2core-team/, its slow mode).
+    """
+    key = "panels at 2 rows | " + machine_key(PANELS_PROBE_SHAPE)
+    kept = kept_gemm_rows().get(key)
+    if isinstance(kept, bool):
+        return kept
+    # a "no" is asked twice more: a busy spell can slow the panels' passes, and the
+    # answer stays for every later load
+    pays = any(_time_panels() for _ in range(3))
+    keep_gemm_rows(key, pays)
+    return pays
+
+
+# the weight panels_pay times, (in, out): 32 MB, bigger than most caches
+PANELS_PROBE_SHAPE = ((512, 16384),)
+
+
+def _time_panels() -> bool:
+    """The panels and the GEMM on 2 rows, in turn, the fastest of 7 passes each
+    counting after 5 to warm up (about 45 ms in all): are the panels faster?"""
+    w = np.full(PANELS_PROBE_SHAPE[0], 0.5, np.float32)  # the values do not matter
     x = np.full((2, 512), 0.5, np.float32)
     panels = PanelWeight(w)
-
-    def best(work) -> float:
-        times = []
-        for _ in range(3):
+    ways = {"panels": lambda: x @ panels, "gemm": lambda: x @ w}
+    best = dict.fromkeys(ways, float("inf"))
+    for turn in range(12):
+        for name, work in ways.items():
             start = time.perf_counter()
             work()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best(lambda: x @ panels) < best(lambda: x @ w)
+            if turn >= 5:  # the first passes run slow, both ways (1.5-2x here)
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["panels"] < best["gemm"]
 
 
 def choose_gemm_rows(weights: list) -> int:
@@ -664,9 +689,9 @@ def kept_gemm_rows() -> dict:
     return {}
 
 
-def keep_gemm_rows(key: str, rows: int) -> str:
-    """Add an answer to the file (written whole, then renamed into place); say where
-    it went, or that it could not be kept."""
+def keep_gemm_rows(key: str, rows: int | bool) -> str:
+    """Add an answer (rows, or panels_pay's yes or no) to the file (written whole, then
+    renamed into place); say where it went, or that it could not be kept."""
     path = gemm_rows_file()
     spare = path.with_name(f"{path.name}.{os.getpid()}")
     kept = kept_gemm_rows() | {key: rows}

@@ -224,13 +224,17 @@ def panels_reason(gemm_rows: int | None, how: str = "timed at load") -> str:
         if choice == "0":
             return "MINIPAGED_CPU_PANELS=0 chose BLAS for every row count"
         return (
-            "no panels: at load this BLAS's GEMM was as fast at 2 rows (panels_pay),"
+            "no panels: at this machine's first load its BLAS's GEMM was as fast at 2"
+            " rows (panels_pay, kept),"
             " so every row count takes BLAS"
         )
     if choice == "1":
         why = "MINIPAGED_CPU_PANELS=1 chose panels"
     else:
-        why = "panels: at load they beat this BLAS's GEMM at 2 rows (panels_pay)"
+        why = (
+            "panels: at this machine's first load they beat its BLAS's GEMM at 2 rows"
+            " (panels_pay, kept)"
+        )
     return (
         f"{why}; 2 to {gemm_rows - 1} rows take them, {gemm_rows} and more the GEMM"
         f" ({how})"
