@@ -423,8 +423,9 @@ def projection_path(rows: int, gemm_rows: int = GEMM_ROWS, team: bool = False) -
     """How `x @ w` is computed for `rows` rows of x (the rule above, the one place it is
     made): "matrix-vector" for one row, "panels" for 2 to gemm_rows - 1, "gemm" from
     gemm_rows on (the weight's own, measured at load: choose_gemm_rows). With helper
-    processes (`team`, model/team.py) one row goes by panels too: BLAS's own threads
-    would compete with the helpers for the cores.
+    processes (`team`, model/team.py) one row is split by columns as panels are, each
+    core's range by BLAS's matrix-vector code on one thread: BLAS's own threads would
+    compete with the helpers for the cores.
     """
     if rows == 1 and not team:
         return "matrix-vector"

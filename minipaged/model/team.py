@@ -397,11 +397,14 @@ class Team:
 
 def multiply(kind, x, out_rows, panel: int, out, lo: int, hi: int) -> None:
     """One core's range of x @ out_rows.T into the same range of out (rows, width):
-    PANELS, columns lo:hi, one small product per panel of `panel` rows of out_rows;
-    GEMM, rows lo:hi, one product."""
+    PANELS, columns lo:hi, one small product per panel of `panel` rows of out_rows
+    (one product for one row); GEMM, rows lo:hi, one product."""
     if lo == hi:
         return
-    if kind == PANELS:
+    if kind == PANELS and len(x) == 1:
+        # one row: BLAS's matrix-vector code reads the range 5% faster than panels
+        np.matmul(x, out_rows[lo:hi].T, out=out[:, lo:hi])
+    elif kind == PANELS:
         rows, width = out.shape
         stacked = out_rows[lo:hi].reshape(-1, panel, out_rows.shape[1])
         columns = out.reshape(rows, width // panel, panel).transpose(1, 0, 2)
