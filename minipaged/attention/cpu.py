@@ -52,7 +52,7 @@ def decode(
     context gets zeros."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    queries = spread_queries(q.astype(np.float32) * scale, num_kv_heads)
+    queries = spread_queries(q.astype(np.float32, copy=False) * scale, num_kv_heads)
     tables, lens = np.asarray(block_tables), np.asarray(context_lens)
     # the sequences with a context, and where each one's positions start in `logits`
     seqs = np.flatnonzero(lens)

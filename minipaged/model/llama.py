@@ -164,7 +164,7 @@ class Model:
         xp, c = self.xp, self.config
         token_ids, positions = xp.asarray(token_ids), xp.asarray(positions)
         T = token_ids.shape[0]
-        cos, sin = self.rope(positions)  # (T, 1, head_dim / 2) each
+        cos, sin = self.rope(positions)  # (T, 1, head_dim) each
         # (T, hidden) residual stream, fp32
         h = self.embed[token_ids].astype(xp.float32)
         for i, layer in enumerate(self.layers):
@@ -205,16 +205,22 @@ class Model:
 
     def rope(self, positions):
         """cos and sin of position * frequency, computed in float32 like
-        transformers."""
-        angles = positions.astype(self.xp.float32)[:, None] * self.inv_freq[None, :]
-        return self.xp.cos(angles)[:, None, :], self.xp.sin(angles)[:, None, :]
+        transformers, each (T, 1, head_dim): the frequencies twice over, one for each
+        half of a head (apply_rope)."""
+        xp = self.xp
+        angles = positions.astype(xp.float32)[:, None] * self.inv_freq[None, :]
+        angles = xp.concatenate([angles, angles], axis=-1)[:, None, :]
+        return xp.cos(angles), xp.sin(angles)
 
 
 def rms_norm(x, weight, eps: float, dtype):
     """x / sqrt(mean(x^2) + eps) * weight, in float32, returned in the compute dtype."""
     xp = array_module(x)
     x = x.astype(xp.float32, copy=False)
-    scale = 1.0 / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)  # (T, 1)
+    # the mean as a sum over the count: NumPy's own mean (the same numbers) costs
+    # twice the calls, and in a decode step each runs with cold caches
+    mean_square = (x * x).sum(axis=-1, keepdims=True) / x.shape[-1]  # (T, 1)
+    scale = 1.0 / xp.sqrt(mean_square + eps)
     y = (x * scale).astype(dtype, copy=False)  # a new array either way
     y *= weight
     return y
@@ -222,18 +228,19 @@ def rms_norm(x, weight, eps: float, dtype):
 
 def apply_rope(x, cos, sin):
     """Rotate each head's first half of dims against its second half (Hugging Face
-    layout).
+    layout): x * cos + rotate_half(x) * sin, where rotate_half(x) is (-second half,
+    first half). With halves x1, x2: (x1 cos - x2 sin, x2 cos + x1 sin).
 
-    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim / 2). Computed in float32;
-    returned in x's dtype."""
+    x: (T, heads, head_dim); cos, sin: (T, 1, head_dim), Model.rope's. Computed in
+    float32; returned in x's dtype."""
     xp = array_module(x)
     half = x.shape[-1] // 2
-    x1, x2 = (
-        x[..., :half].astype(xp.float32, copy=False),
-        x[..., half:].astype(xp.float32, copy=False),
-    )
-    rotated = (x1 * cos - x2 * sin, x2 * cos + x1 * sin)
-    return xp.concatenate(rotated, axis=-1).astype(x.dtype, copy=False)
+    x32 = x.astype(xp.float32, copy=False)
+    rotated = xp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    rotated *= sin
+    out = x32 * cos
+    out += rotated
+    return out.astype(x.dtype, copy=False)
 
 
 def silu(x):
