@@ -287,9 +287,10 @@ def test_a_fresh_caches_zero_frames_stay_unwritten():
     np.testing.assert_array_equal(target, source)
 
 
-def test_with_helpers_one_row_goes_by_panels_too():
+def test_with_helpers_one_row_is_split_as_panels_are():
     """BLAS's own threads would compete with a spinning helper: with a team, one row
-    takes the panels, and many rows the GEMM, as without."""
+    is split by columns as panels are (each core's range by the matrix-vector code,
+    team.multiply), and many rows take the GEMM, as without."""
     assert cpu.projection_path(1) == "matrix-vector"
     assert [cpu.projection_path(n, 24, team=True) for n in (1, 2, 23, 24)] == [
         "panels",

@@ -542,7 +542,7 @@ def panels_pay() -> bool:
     Why kept: timed anew in each process, the Xeon's small gain lost to noise in one
     load in ten or so, and a server so loaded took BLAS's path, without the helper
     processes, at two thirds of its speed
-    (bench/results/2026-12-05-cpu-2core-team/, its slow mode).
+    (bench/results/2026-12-05-cpu-2core-slow-mode/).
     """
     key = "panels at 2 rows | " + machine_key(PANELS_PROBE_SHAPE)
     kept = kept_gemm_rows().get(key)
@@ -561,7 +561,7 @@ PANELS_PROBE_SHAPE = ((512, 16384),)
 
 def _time_panels() -> bool:
     """The panels and the GEMM on 2 rows, in turn, the fastest of 7 passes each
-    counting after 5 to warm up (about 45 ms in all): are the panels faster?"""
+    counting after 5 to warm up (about 80 ms in all): are the panels faster?"""
     w = np.full(PANELS_PROBE_SHAPE[0], 0.5, np.float32)  # the values do not matter
     x = np.full((2, 512), 0.5, np.float32)
     panels = PanelWeight(w)

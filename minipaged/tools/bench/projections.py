@@ -34,7 +34,8 @@ WAYS = {  # name -> what it is, for the table's footnote
     ),
     "panels, helper processes": (
         "the same panels, each core's columns computed by a helper process over shared"
-        " weights (model/team.py; a server's way on Linux x86-64)"
+        " weights (one row: BLAS's matrix-vector code on each core's columns;"
+        " model/team.py; a server's way on Linux x86-64)"
     ),
     "gemm, helper processes": (
         "one GEMM per core on its share of the rows, in the helper processes"
