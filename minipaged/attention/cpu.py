@@ -7,6 +7,8 @@ the reference's.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from minipaged.attention.reference import copy_blocks, gather, write_kv
@@ -52,39 +54,51 @@ def decode(
     context gets zeros."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    queries = spread_queries(q.astype(np.float32, copy=False) * scale, num_kv_heads)
-    tables, lens = np.asarray(block_tables), np.asarray(context_lens)
-    # the sequences with a context, and where each one's positions start in `logits`
-    seqs = np.flatnonzero(lens)
-    if len(seqs) == 0:
+    tables = np.asarray(block_tables)
+    # (sequence, where its positions start in `logits`, how many) for each sequence
+    # with a context: plain Python, each NumPy call saved here is saved in every layer
+    spans, total = [], 0
+    for i, n in enumerate(np.asarray(context_lens).tolist()):
+        if n:
+            spans.append((i, total, n))
+            total += n
+    if not spans:
         return np.zeros_like(q)
-    counts = lens[seqs]
-    starts = np.cumsum(counts) - counts
-    # each query head's weighted sum of every KV head's values (its own block is
-    # kept below), and the sum of its weights; an empty context leaves 0 / 1
-    mixed = np.zeros((num_seqs, num_heads, num_kv_heads * head_dim), np.float32)
-    sums = np.ones((num_seqs, num_heads), np.float32)
-    spans = list(zip(seqs.tolist(), starts.tolist(), counts.tolist()))
+    starts = [start for _, start, _ in spans]
+    queries = spread_queries(q, scale, num_kv_heads)
 
     # 1. (positions, num_heads): each query head against the keys of every KV head,
     # the other heads' parts of its query being zeros
-    logits = np.empty((int(counts.sum()), num_heads), np.float32)
+    logits = np.empty((total, num_heads), np.float32)
     for i, start, n in spans:
         keys = context_rows(k_cache, tables[i], n, k_scales, codec)
         np.matmul(keys, queries[i], out=logits[start : start + n])
 
     # 2. the softmax of each sequence's logits, on (num_heads, positions)
     weights = logits.T.copy()
-    weights -= np.repeat(np.maximum.reduceat(weights, starts, axis=1), counts, axis=1)
+    if len(spans) == 1:  # the same numbers as below: a maximum is exact
+        weights -= weights.max(axis=1, keepdims=True)
+    else:
+        counts = [n for _, _, n in spans]
+        peaks = np.maximum.reduceat(weights, starts, axis=1)
+        weights -= np.repeat(peaks, counts, axis=1)
     np.exp(weights, out=weights)
-    sums[seqs] = np.add.reduceat(weights, starts, axis=1).T
+    # (num_seqs, num_heads); an empty context's row stays 0 / 1
+    sums = np.add.reduceat(weights, starts, axis=1).T
 
-    # 3. (num_heads, kvh * head_dim): the weighted values of every KV head
-    for i, start, n in spans:
+    # 3. (num_heads, kvh * head_dim): the weighted values of every KV head; its own
+    # block is kept below
+    mixed = np.empty((len(spans), num_heads, num_kv_heads * head_dim), np.float32)
+    for row, (i, start, n) in enumerate(spans):
         values = context_rows(v_cache, tables[i], n, v_scales, codec)
-        np.matmul(weights[:, start : start + n], values, out=mixed[i])
+        np.matmul(weights[:, start : start + n], values, out=mixed[row])
 
-    out = own_heads(mixed, num_kv_heads) / sums[..., None]
+    out = own_heads(mixed, num_kv_heads)
+    out /= sums[..., None]
+    if len(spans) < num_seqs:
+        full = np.zeros((num_seqs, num_heads, head_dim), np.float32)
+        full[[i for i, _, _ in spans]] = out
+        out = full
     return out.astype(q.dtype, copy=False)
 
 
@@ -188,27 +202,42 @@ def own_heads(mixed, num_kv_heads: int) -> np.ndarray:
     """(num_seqs, num_heads, kvh * head_dim) -> (num_seqs, num_heads, head_dim): for
     each query head, the block of its own KV head (h // group)."""
     num_seqs, num_heads, width = mixed.shape
-    heads = np.arange(num_heads)
+    heads, kv_heads = head_pairs(num_heads, num_kv_heads)
     blocks = mixed.reshape(num_seqs, num_heads, num_kv_heads, width // num_kv_heads)
-    return blocks[:, heads, heads // (num_heads // num_kv_heads)]
+    return blocks[:, heads, kv_heads]
 
 
-def spread_queries(q, num_kv_heads: int) -> np.ndarray:
-    """q (num_seqs, num_heads, head_dim) as (num_seqs, kvh * head_dim, num_heads): the
-    column of query head h holds its query in the rows of its KV head h // group and
-    zeros elsewhere, so that `keys @ columns` gives every head's logits in one product.
-    """
+@functools.cache
+def head_pairs(num_heads: int, num_kv_heads: int) -> tuple:
+    """Each query head h and its KV head h // group, as two index arrays."""
+    heads = np.arange(num_heads)
+    heads.flags.writeable = False
+    kv_heads = heads // (num_heads // num_kv_heads)
+    kv_heads.flags.writeable = False
+    return heads, kv_heads
+
+
+def spread_queries(q, scale, num_kv_heads: int) -> np.ndarray:
+    """q (num_seqs, num_heads, head_dim) times scale as float32 (num_seqs, kvh *
+    head_dim, num_heads): the column of query head h holds its query in the rows of its
+    KV head h // group and zeros elsewhere, so that `keys @ columns` gives every head's
+    logits in one product. One multiply, by `scale` where the KV head is the query
+    head's and by 0 elsewhere (head_mask)."""
     num_seqs, num_heads, head_dim = q.shape
-    group = num_heads // num_kv_heads
-    heads = np.arange(num_kv_heads)
-    spread = np.zeros(
-        (num_seqs, num_kv_heads, head_dim, num_kv_heads, group), np.float32
-    )
-    # (kvh, num_seqs, head_dim, group) on both sides
-    spread[:, heads, :, heads, :] = q.reshape(
-        num_seqs, num_kv_heads, group, head_dim
-    ).transpose(1, 0, 3, 2)
+    # (num_seqs, 1, head_dim, num_heads) * (kvh, 1, num_heads)
+    spread = q.transpose(0, 2, 1)[:, None] * head_mask(num_heads, num_kv_heads, scale)
     return spread.reshape(num_seqs, num_kv_heads * head_dim, num_heads)
+
+
+@functools.cache
+def head_mask(num_heads: int, num_kv_heads: int, scale: float) -> np.ndarray:
+    """(kvh, 1, num_heads) float32: `scale` where query head h belongs to KV head kv
+    (h // group == kv), else 0."""
+    _, kv_heads = head_pairs(num_heads, num_kv_heads)
+    mask = kv_heads[None, :] == np.arange(num_kv_heads)[:, None]
+    scaled = np.where(mask, np.float32(scale), np.float32(0))[:, None, :]
+    scaled.flags.writeable = False
+    return scaled
 
 
 def context_rows(cache, table, n: int, scales=None, codec=None) -> np.ndarray:

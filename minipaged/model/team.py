@@ -37,6 +37,7 @@ to wake, no interpreter lock to hand over). Linux on x86-64; model/cpu.py starts
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import mmap
@@ -92,6 +93,24 @@ def supported() -> str | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "helper processes rely on x86-64's store order"
     return None
+
+
+@dataclasses.dataclass(slots=True)
+class Plan:
+    """How one product goes (Team._plan): the job's header, our range lo:hi (of the
+    output's columns for PANELS, of x's rows for GEMM), the views of the shared x and
+    output, what of x the helpers read and what of the output comes from there."""
+
+    header: np.ndarray
+    lo: int
+    hi: int
+    x: np.ndarray
+    helpers_x: slice
+    out: np.ndarray
+    helpers_out: slice
+    # our range's operands of np.matmul (a, b, out), for PANELS; None for GEMM, whose
+    # x is the caller's
+    ours: tuple | None
 
 
 class HelperError(RuntimeError):
@@ -165,7 +184,8 @@ class Team:
             self.kv_range = (kv_at, kv_at + shared.nbytes)
             frames = [list(shared.shape[2:]), shared.dtype.str, attention]
         self.index = {id(w): i for i, w in enumerate(weights)}
-        self.job, self.last_job, self.headers = 0, time.monotonic(), {}
+        self.job, self.last_job, self.plans = 0, time.monotonic(), {}
+        self.done_slots = [done_slot(k, helpers) for k in range(helpers)]
         try:
             for k in range(helpers):
                 self._start(k, table, control, x_bytes, frames)
@@ -222,9 +242,12 @@ class Team:
         parts = max(1, min(parts, self.helpers + 1))
         result = np.empty((rows, width), np.float32)
         chunk = max(1, min(CHUNK_ROWS, OUT_BYTES // (4 * width)))
-        for lo in range(0, rows, chunk):
-            hi = min(rows, lo + chunk)
-            self._job(w, x[lo:hi], kind, parts, result[lo:hi])
+        if rows <= chunk:  # one job (every product of a decode step)
+            self._job(w, x, kind, parts, result)
+        else:
+            for lo in range(0, rows, chunk):
+                hi = min(rows, lo + chunk)
+                self._job(w, x[lo:hi], kind, parts, result[lo:hi])
         return result if width == w.shape[1] else result[:, : w.shape[1]]
 
     def _bounds(self, kind: int, rows: int, width: int, parts: int) -> list[int]:
@@ -236,19 +259,55 @@ class Team:
         return [panels * i // parts * self.panel for i in range(parts + 1)]
 
     def _header(self, kind: int, args: tuple, bounds: list) -> np.ndarray:
-        """The job's header (kind, arguments, each helper's range), kept for the next
-        job like it (the same few are asked again and again)."""
-        key = (kind, args, tuple(bounds))
-        if key not in self.headers:
-            if len(self.headers) > 4096:
-                self.headers.clear()
-            ranges = [0] * (2 * self.helpers)
-            # helpers beyond the parts get an empty range and only say done
-            for k in range(len(bounds) - 2):
-                ranges[2 * k : 2 * k + 2] = bounds[k + 1 : k + 3]
-            padded = list(args) + [0] * (RANGES - ARGS - len(args))
-            self.headers[key] = np.array([kind, *padded, *ranges], np.int64)
-        return self.headers[key]
+        """A job's header: kind, arguments, each helper's range."""
+        ranges = [0] * (2 * self.helpers)
+        # helpers beyond the parts get an empty range and only say done
+        for k in range(len(bounds) - 2):
+            ranges[2 * k : 2 * k + 2] = bounds[k + 1 : k + 3]
+        padded = list(args) + [0] * (RANGES - ARGS - len(args))
+        return np.array([kind, *padded, *ranges], np.int64)
+
+    def _plan(self, w, rows: int, kind: int, parts: int) -> Plan:
+        """How a product of `rows` rows by w goes on `parts` cores, made once and kept:
+        a decode step asks the same 121 again and again, and each small call saved
+        here is saved 121 times a step."""
+        key = (id(w), rows, kind, parts)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) > 4096:
+                self.plans.clear()
+            width, depth = w.out_rows.shape
+            bounds = self._bounds(kind, rows, width, parts)
+            header = self._header(kind, (self.index[id(w)], rows), bounds)
+            lo, hi = bounds[0], bounds[1]
+            shared_x = self.x[: rows * depth].reshape(rows, depth)
+            shared_out = self.out[: rows * width].reshape(rows, width)
+            if kind == GEMM:
+                # they read and write their rows; ours go straight into the result
+                helpers_x = helpers_out = slice(hi, None)
+                ours = None
+            else:
+                # they read all of x; our columns go beside theirs in the shared
+                # output, then all of it into the result
+                helpers_x = helpers_out = slice(None)
+                ours = None
+                if lo < hi:
+                    # fmt: skip
+                    ours = operands(
+                        PANELS, shared_x, w.out_rows, self.panel, shared_out, lo, hi
+                    )
+            plan = Plan(
+                header=header,
+                lo=lo,
+                hi=hi,
+                x=shared_x,
+                helpers_x=helpers_x,
+                out=shared_out,
+                helpers_out=helpers_out,
+                ours=ours,
+            )
+            self.plans[key] = plan
+        return plan
 
     def _publish(self, header: np.ndarray) -> None:
         """Write a job's header, then its number: the helpers start on it."""
@@ -259,24 +318,18 @@ class Team:
         self.control[JOB] = self.job  # last: the helpers read the rest after it
 
     def _job(self, w, x: np.ndarray, kind: int, parts: int, result) -> None:
-        rows, (width, depth) = len(x), w.out_rows.shape
-        bounds = self._bounds(kind, rows, width, parts)
-        shared_x = self.x[: rows * depth].reshape(rows, depth)
-        # the helpers read the rows of x they multiply: all for PANELS, theirs for GEMM
-        helpers_rows = slice(bounds[1] if kind == GEMM else 0, rows)
-        shared_x[helpers_rows] = x[helpers_rows]
-        self._publish(self._header(kind, (self.index[id(w)], rows), bounds))
-        # our range straight into the result, the helpers' into the shared output
-        mine = x if kind == GEMM else shared_x
-        multiply(kind, mine, w.out_rows, self.panel, result, bounds[0], bounds[1])
+        """One job: x (its rows fit the shared memory) @ w into result."""
+        plan = self._plan(w, len(x), kind, parts)
+        plan.x[plan.helpers_x] = x[plan.helpers_x]
+        self._publish(plan.header)
+        if kind == GEMM:
+            multiply(GEMM, x, w.out_rows, self.panel, result, plan.lo, plan.hi)
+        elif plan.ours is not None:
+            a, b, out = plan.ours
+            np.matmul(a, b, out=out)
         self._wait_done()
         self.last_job = time.monotonic()
-        if parts > 1:
-            out = self.out[: rows * width].reshape(rows, width)
-            if kind == GEMM:
-                result[bounds[1] :] = out[bounds[1] :]
-            else:
-                result[:, bounds[1] :] = out[:, bounds[1] :]
+        result[plan.helpers_out] = plan.out[plan.helpers_out]
 
     def holds(self, array: np.ndarray) -> bool:
         """Does `array` lie in the KV cache this team shares?"""
@@ -343,8 +396,7 @@ class Team:
     def _wait_done(self) -> None:
         ctl, job = self.control, self.job
         spins, since = 0, time.monotonic()
-        for k in range(self.helpers):
-            slot = done_slot(k, self.helpers)
+        for k, slot in enumerate(self.done_slots):
             while ctl[slot] != job:
                 spins += 1
                 if spins > YIELD_SPINS:
@@ -399,18 +451,23 @@ def multiply(kind, x, out_rows, panel: int, out, lo: int, hi: int) -> None:
     """One core's range of x @ out_rows.T into the same range of out (rows, width):
     PANELS, columns lo:hi, one small product per panel of `panel` rows of out_rows
     (one product for one row); GEMM, rows lo:hi, one product."""
-    if lo == hi:
-        return
+    if lo < hi:
+        a, b, into = operands(kind, x, out_rows, panel, out, lo, hi)
+        np.matmul(a, b, out=into)
+
+
+def operands(kind, x, out_rows, panel: int, out, lo: int, hi: int) -> tuple:
+    """multiply's product as np.matmul's operands (a, b, out): views, which a plan
+    keeps (the same product comes back every step)."""
     if kind == PANELS and len(x) == 1:
         # one row: BLAS's matrix-vector code reads the range 5% faster than panels
-        np.matmul(x, out_rows[lo:hi].T, out=out[:, lo:hi])
-    elif kind == PANELS:
+        return x, out_rows[lo:hi].T, out[:, lo:hi]
+    if kind == PANELS:
         rows, width = out.shape
         stacked = out_rows[lo:hi].reshape(-1, panel, out_rows.shape[1])
         columns = out.reshape(rows, width // panel, panel).transpose(1, 0, 2)
-        np.matmul(x, stacked.transpose(0, 2, 1), out=columns[lo // panel : hi // panel])
-    else:
-        np.matmul(x[lo:hi], out_rows.T, out=out[lo:hi])
+        return x, stacked.transpose(0, 2, 1), columns[lo // panel : hi // panel]
+    return x[lo:hi], out_rows.T, out[lo:hi]
 
 
 def copy_written(source: np.ndarray, target: np.ndarray, rows: int = 256) -> None:
@@ -447,6 +504,7 @@ def helper(layout: dict) -> None:
         for offset, width, depth, panel in layout["table"]
     ]
     done, mine = done_slot(k, helpers), RANGES + 2 * k
+    plans = {}
     seen = int(control[JOB])
     control[done] = seen
     control[done + 1] = os.getpid()
@@ -461,8 +519,9 @@ def helper(layout: dict) -> None:
                     return  # the pipe closed: our process is gone
                 idle_since = time.monotonic()
         seen = int(control[JOB])
-        kind, *args = control[KIND:RANGES].tolist()
-        lo, hi = control[mine : mine + 2].tolist()
+        header = control[KIND : mine + 2].tolist()
+        kind, args = header[0], header[ARGS - KIND : RANGES - KIND]
+        lo, hi = header[mine - KIND : mine - KIND + 2]
         if kind == STOP:
             return
         if kind == ATTEND:
@@ -470,17 +529,22 @@ def helper(layout: dict) -> None:
             control[done] = seen
             continue
         weight, rows = args[:2]
-        out_rows, panel = weights[weight]
-        width, depth = out_rows.shape
-        multiply(
-            kind,
-            x[: rows * depth].reshape(rows, depth),
-            out_rows,
-            panel,
-            out[: rows * width].reshape(rows, width),
-            lo,
-            hi,
-        )
+        key = (kind, weight, rows, lo, hi)
+        if key not in plans:  # this range's operands, kept: products come back
+            if len(plans) > 4096:
+                plans.clear()
+            out_rows, panel = weights[weight]
+            width, depth = out_rows.shape
+            shared_x = x[: rows * depth].reshape(rows, depth)
+            shared_out = out[: rows * width].reshape(rows, width)
+            plans[key] = None
+            if lo < hi:
+                plans[key] = operands(
+                    kind, shared_x, out_rows, panel, shared_out, lo, hi
+                )
+        if plans[key] is not None:
+            a, b, into = plans[key]
+            np.matmul(a, b, out=into)
         control[done] = seen
 
 
