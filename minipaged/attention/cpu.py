@@ -7,8 +7,6 @@ the reference's.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from minipaged.attention.reference import copy_blocks, gather, write_kv
@@ -23,8 +21,9 @@ __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
 # At 16 sequences of 100-768 tokens that is 9 MB of K and 9 MB of V copied per layer,
 # half of it padding, into arrays the allocator maps afresh at every layer, and 96
 # products too small for BLAS to run well. Here each sequence's keys are copied once,
-# exactly its context (under 1 MB: it stays in the cache while it is used), and its
-# query heads are one product with them.
+# exactly its context (under 1 MB: it stays in the cache while it is used), and every
+# KV head's query heads meet its keys in one batched product (one call, a product per
+# KV head inside NumPy).
 #
 # Three passes (bench/results/2026-12-05-cpu-2core-attention-rows/): every sequence's
 # logits into one array, one softmax over all of them, every sequence's weighted
@@ -36,6 +35,14 @@ __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
 # hand the interpreter's lock to and fro), one copy of all sequences' frames (it
 # leaves the cache), and sequences padded into one batched product (faster only where
 # their contexts are equal).
+#
+# Every call counts in a decode step (bench/results/2026-12-06-cpu-2core-batch1/):
+# between two layers the weights stream through the caches, and each NumPy call then
+# costs 3-8 us. So the plan is plain Python, and the query heads are no longer spread
+# over every KV head's rows, zeros elsewhere, for one (positions, kvh * head_dim)
+# product: that took a copy and 3x the flops. One layer of one sequence took 150 us
+# with cold caches that way, 123 us with the batched products; 32 sequences 1.58 and
+# 1.25 ms.
 
 
 def decode(
@@ -54,9 +61,10 @@ def decode(
     context gets zeros."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
     tables = np.asarray(block_tables)
     # (sequence, where its positions start in `logits`, how many) for each sequence
-    # with a context: plain Python, each NumPy call saved here is saved in every layer
+    # with a context
     spans, total = [], 0
     for i, n in enumerate(np.asarray(context_lens).tolist()):
         if n:
@@ -65,17 +73,20 @@ def decode(
     if not spans:
         return np.zeros_like(q)
     starts = [start for _, start, _ in spans]
-    queries = spread_queries(q, scale, num_kv_heads)
+    # (num_seqs, kvh, group, head_dim): query head h is row h % group of KV head
+    # h // group
+    queries = q.astype(np.float32, copy=False) * scale
+    queries = queries.reshape(num_seqs, num_kv_heads, group, head_dim)
 
-    # 1. (positions, num_heads): each query head against the keys of every KV head,
-    # the other heads' parts of its query being zeros
-    logits = np.empty((total, num_heads), np.float32)
+    # 1. (kvh, group, positions): each KV head's query heads against its keys
+    logits = np.empty((num_kv_heads, group, total), np.float32)
     for i, start, n in spans:
         keys = context_rows(k_cache, tables[i], n, k_scales, codec)
-        np.matmul(keys, queries[i], out=logits[start : start + n])
+        keys = keys.reshape(n, num_kv_heads, head_dim).transpose(1, 2, 0)
+        np.matmul(queries[i], keys, out=logits[:, :, start : start + n])
 
     # 2. the softmax of each sequence's logits, on (num_heads, positions)
-    weights = logits.T.copy()
+    weights = logits.reshape(num_heads, total)
     if len(spans) == 1:  # the same numbers as below: a maximum is exact
         weights -= weights.max(axis=1, keepdims=True)
     else:
@@ -83,17 +94,17 @@ def decode(
         peaks = np.maximum.reduceat(weights, starts, axis=1)
         weights -= np.repeat(peaks, counts, axis=1)
     np.exp(weights, out=weights)
-    # (num_seqs, num_heads); an empty context's row stays 0 / 1
+    # (sequences with a context, num_heads): each head's sum of its weights
     sums = np.add.reduceat(weights, starts, axis=1).T
 
-    # 3. (num_heads, kvh * head_dim): the weighted values of every KV head; its own
-    # block is kept below
-    mixed = np.empty((len(spans), num_heads, num_kv_heads * head_dim), np.float32)
+    # 3. (kvh, group, head_dim): each KV head's query heads' weighted values
+    out = np.empty((len(spans), num_kv_heads, group, head_dim), np.float32)
     for row, (i, start, n) in enumerate(spans):
         values = context_rows(v_cache, tables[i], n, v_scales, codec)
-        np.matmul(weights[:, start : start + n], values, out=mixed[row])
+        values = values.reshape(n, num_kv_heads, head_dim).transpose(1, 0, 2)
+        np.matmul(logits[:, :, start : start + n], values, out=out[row])
 
-    out = own_heads(mixed, num_kv_heads)
+    out = out.reshape(len(spans), num_heads, head_dim)
     out /= sums[..., None]
     if len(spans) < num_seqs:
         full = np.zeros((num_seqs, num_heads, head_dim), np.float32)
@@ -196,48 +207,6 @@ def causal(
         .transpose(1, 0, 2, 3)
         .reshape(num_queries, num_heads, head_dim)
     )
-
-
-def own_heads(mixed, num_kv_heads: int) -> np.ndarray:
-    """(num_seqs, num_heads, kvh * head_dim) -> (num_seqs, num_heads, head_dim): for
-    each query head, the block of its own KV head (h // group)."""
-    num_seqs, num_heads, width = mixed.shape
-    heads, kv_heads = head_pairs(num_heads, num_kv_heads)
-    blocks = mixed.reshape(num_seqs, num_heads, num_kv_heads, width // num_kv_heads)
-    return blocks[:, heads, kv_heads]
-
-
-@functools.cache
-def head_pairs(num_heads: int, num_kv_heads: int) -> tuple:
-    """Each query head h and its KV head h // group, as two index arrays."""
-    heads = np.arange(num_heads)
-    heads.flags.writeable = False
-    kv_heads = heads // (num_heads // num_kv_heads)
-    kv_heads.flags.writeable = False
-    return heads, kv_heads
-
-
-def spread_queries(q, scale, num_kv_heads: int) -> np.ndarray:
-    """q (num_seqs, num_heads, head_dim) times scale as float32 (num_seqs, kvh *
-    head_dim, num_heads): the column of query head h holds its query in the rows of its
-    KV head h // group and zeros elsewhere, so that `keys @ columns` gives every head's
-    logits in one product. One multiply, by `scale` where the KV head is the query
-    head's and by 0 elsewhere (head_mask)."""
-    num_seqs, num_heads, head_dim = q.shape
-    # (num_seqs, 1, head_dim, num_heads) * (kvh, 1, num_heads)
-    spread = q.transpose(0, 2, 1)[:, None] * head_mask(num_heads, num_kv_heads, scale)
-    return spread.reshape(num_seqs, num_kv_heads * head_dim, num_heads)
-
-
-@functools.cache
-def head_mask(num_heads: int, num_kv_heads: int, scale: float) -> np.ndarray:
-    """(kvh, 1, num_heads) float32: `scale` where query head h belongs to KV head kv
-    (h // group == kv), else 0."""
-    _, kv_heads = head_pairs(num_heads, num_kv_heads)
-    mask = kv_heads[None, :] == np.arange(num_kv_heads)[:, None]
-    scaled = np.where(mask, np.float32(scale), np.float32(0))[:, None, :]
-    scaled.flags.writeable = False
-    return scaled
 
 
 def context_rows(cache, table, n: int, scales=None, codec=None) -> np.ndarray:
