@@ -209,9 +209,35 @@ def test_prefill_of_float16_and_8bit_caches_as_the_reference_does():
     )
 
 
-def test_the_cpu_gets_this_module_with_the_references_write_kv_and_copy_blocks():
+def test_the_cpu_gets_this_module_with_the_references_copy_blocks():
     assert get_attention("cpu") is cpu
-    for name in ("write_kv", "copy_blocks"):
-        assert getattr(cpu, name) is getattr(reference, name)
-    for name in ("decode", "prefill"):
+    assert cpu.copy_blocks is reference.copy_blocks
+    for name in ("decode", "prefill", "write_kv"):
         assert getattr(cpu, name) is not getattr(reference, name)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [[9, 3, 20], [9, -1, 20], [-1, -1, -1], [], [23]],
+    ids=["all kept", "one skipped", "none kept", "no tokens", "the last slot"],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_write_kv_fills_the_cache_as_the_reference_does(slots, dtype):
+    """Every slot kept (a decode step: the CPU's shorter way), some skipped (-1), none,
+    and an 8-bit cache with its scales: the same caches as reference.write_kv's."""
+    rng = np.random.default_rng(0)
+    k, v = rng.standard_normal((2, len(slots), 2, 8)).astype(np.float32)
+    caches = []
+    for write_kv in (cpu.write_kv, reference.write_kv):
+        k_cache, v_cache = np.zeros((2, 6, 4, 2, 8), dtype)  # 6 frames of 4 slots
+        scales = {}
+        if dtype == np.int8:
+            k_scales, v_scales = np.zeros((2, 6, 4, 2), np.float16)
+            scales = dict(k_scales=k_scales, v_scales=v_scales)
+        write_kv(k, v, k_cache, v_cache, np.array(slots, np.int32), **scales)
+        caches.append((k_cache, v_cache, *scales.values()))
+    for got, want in zip(*caches):
+        np.testing.assert_array_equal(got, want)
+    assert np.count_nonzero(caches[0][0]) == np.count_nonzero(
+        k[[i for i, slot in enumerate(slots) if slot >= 0]]
+    )

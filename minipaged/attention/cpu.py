@@ -1,15 +1,16 @@
 """Paged attention shaped for a CPU, what `get_attention("cpu")` returns: the
 reference's contract and results (tests/test_attention_cpu.py holds them equal), with a
 decode that reads exactly each sequence's own frames, in three passes over the batch,
-and a prefill that attends a prompt's queries in blocks. write_kv and copy_blocks are
-the reference's.
+and a prefill that attends a prompt's queries in blocks. copy_blocks is the
+reference's, and write_kv too but where every slot is kept (fewer calls).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from minipaged.attention.reference import copy_blocks, gather, write_kv
+from minipaged.attention import reference
+from minipaged.attention.reference import copy_blocks, gather
 from minipaged.backend import cdiv
 
 __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
@@ -207,6 +208,20 @@ def causal(
         .transpose(1, 0, 2, 3)
         .reshape(num_queries, num_heads, head_dim)
     )
+
+
+def write_kv(
+    k, v, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None, codec=None
+) -> None:
+    """reference.write_kv: each new token's K and V rows into its slot; -1 skips. Where
+    no slot is skipped and the cache is float (a decode step's case), two copies and a
+    check, not the reference's mask and its four selections."""
+    slots = np.asarray(slot_mapping)
+    if k_scales is None and len(slots) and slots.min() >= 0:
+        k_cache.reshape(-1, *k_cache.shape[2:])[slots] = k
+        v_cache.reshape(-1, *v_cache.shape[2:])[slots] = v
+        return
+    reference.write_kv(k, v, k_cache, v_cache, slots, k_scales, v_scales, codec)
 
 
 def context_rows(cache, table, n: int, scales=None, codec=None) -> np.ndarray:

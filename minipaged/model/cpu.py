@@ -254,8 +254,10 @@ def _blas_controllers():
 _team = None
 
 
+@functools.cache
 def team_module():
-    """minipaged.model.team, imported when first needed."""
+    """minipaged.model.team, imported when first needed (and then looked up once: a
+    decode step asks for it at each of its 121 products)."""
     from minipaged.model import team
 
     return team

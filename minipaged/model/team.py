@@ -346,13 +346,14 @@ class Team:
         this team cannot: the cache is not the one it shares, or the step is too big
         for the shared memory."""
         heads, head_dim = q.shape[1:]
-        tables, lens = np.asarray(tables), np.asarray(lens)
         num_seqs = len(lens)
-        rows = np.arange(num_seqs + 1) if starts is None else np.asarray(starts)
         parts = max(1, min(parts, self.helpers + 1, num_seqs))
+        if parts < 2:  # one sequence: ours alone (no call spent on the rest)
+            return None
+        tables, lens = np.asarray(tables), np.asarray(lens)
+        rows = np.arange(num_seqs + 1) if starts is None else np.asarray(starts)
         if (
-            parts < 2
-            or q.dtype != np.float32
+            q.dtype != np.float32
             or not (self.holds(k_cache) and self.holds(v_cache))
             or tables.size + 2 * num_seqs + 1 > len(self.ints)
             or q.size > min(len(self.x), len(self.out))
