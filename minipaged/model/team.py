@@ -98,18 +98,17 @@ def supported() -> str | None:
 @dataclasses.dataclass(slots=True)
 class Plan:
     """How one product goes (Team._plan): the job's header, our range lo:hi (of the
-    output's columns for PANELS, of x's rows for GEMM), the views of the shared x and
-    output, what of x the helpers read and what of the output comes from there."""
+    output's columns for PANELS, of x's rows for GEMM), and the views of the shared x
+    and output that the job uses."""
 
     header: np.ndarray
     lo: int
     hi: int
     x: np.ndarray
-    helpers_x: slice
     out: np.ndarray
-    helpers_out: slice
-    # our range's operands of np.matmul (a, b, out), for PANELS; None for GEMM, whose
-    # x is the caller's
+    # our columns' operands of np.matmul (a, b, out) for PANELS, their out in the
+    # shared output beside the helpers' columns; None for GEMM (its x is the
+    # caller's) or an empty range
     ours: tuple | None
 
 
@@ -240,11 +239,11 @@ class Team:
         work is the flops, and whole rows need no gathering)."""
         rows, width = len(x), w.out_rows.shape[0]
         parts = max(1, min(parts, self.helpers + 1))
-        result = np.empty((rows, width), np.float32)
         chunk = max(1, min(CHUNK_ROWS, OUT_BYTES // (4 * width)))
-        if rows <= chunk:  # one job (every product of a decode step)
-            self._job(w, x, kind, parts, result)
+        if rows <= chunk:  # one job: every product of a decode step
+            result = self._job(w, x, kind, parts)
         else:
+            result = np.empty((rows, width), np.float32)
             for lo in range(0, rows, chunk):
                 hi = min(rows, lo + chunk)
                 self._job(w, x[lo:hi], kind, parts, result[lo:hi])
@@ -269,8 +268,9 @@ class Team:
 
     def _plan(self, w, rows: int, kind: int, parts: int) -> Plan:
         """How a product of `rows` rows by w goes on `parts` cores, made once and kept:
-        a decode step asks the same 121 again and again, and each small call saved
-        here is saved 121 times a step."""
+        a decode step asks the same 121 again and again, and each NumPy call saved
+        here is saved 121 times a step (some microseconds each: the weights have just
+        gone through the caches)."""
         key = (id(w), rows, kind, parts)
         plan = self.plans.get(key)
         if plan is None:
@@ -278,32 +278,20 @@ class Team:
                 self.plans.clear()
             width, depth = w.out_rows.shape
             bounds = self._bounds(kind, rows, width, parts)
-            header = self._header(kind, (self.index[id(w)], rows), bounds)
             lo, hi = bounds[0], bounds[1]
             shared_x = self.x[: rows * depth].reshape(rows, depth)
             shared_out = self.out[: rows * width].reshape(rows, width)
-            if kind == GEMM:
-                # they read and write their rows; ours go straight into the result
-                helpers_x = helpers_out = slice(hi, None)
-                ours = None
-            else:
-                # they read all of x; our columns go beside theirs in the shared
-                # output, then all of it into the result
-                helpers_x = helpers_out = slice(None)
-                ours = None
-                if lo < hi:
-                    # fmt: skip
-                    ours = operands(
-                        PANELS, shared_x, w.out_rows, self.panel, shared_out, lo, hi
-                    )
+            ours = None
+            if kind == PANELS and lo < hi:
+                ours = operands(
+                    kind, shared_x, w.out_rows, self.panel, shared_out, lo, hi
+                )
             plan = Plan(
-                header=header,
+                header=self._header(kind, (self.index[id(w)], rows), bounds),
                 lo=lo,
                 hi=hi,
                 x=shared_x,
-                helpers_x=helpers_x,
                 out=shared_out,
-                helpers_out=helpers_out,
                 ours=ours,
             )
             self.plans[key] = plan
@@ -317,19 +305,34 @@ class Team:
         self.job += 1
         self.control[JOB] = self.job  # last: the helpers read the rest after it
 
-    def _job(self, w, x: np.ndarray, kind: int, parts: int, result) -> None:
-        """One job: x (its rows fit the shared memory) @ w into result."""
+    def _job(self, w, x: np.ndarray, kind: int, parts: int, result=None):
+        """One job, x's rows fitting the shared memory: x @ w into `result`, or into a
+        new array (returned either way)."""
         plan = self._plan(w, len(x), kind, parts)
-        plan.x[plan.helpers_x] = x[plan.helpers_x]
-        self._publish(plan.header)
         if kind == GEMM:
+            # the helpers read and write their rows; ours go straight into the result
+            if result is None:
+                result = np.empty(plan.out.shape, np.float32)
+            plan.x[plan.hi :] = x[plan.hi :]
+            self._publish(plan.header)
             multiply(GEMM, x, w.out_rows, self.panel, result, plan.lo, plan.hi)
-        elif plan.ours is not None:
-            a, b, out = plan.ours
-            np.matmul(a, b, out=out)
-        self._wait_done()
+            self._wait_done()
+            result[plan.hi :] = plan.out[plan.hi :]
+        else:
+            # the helpers read all of x; our columns go beside theirs in the shared
+            # output, and all of it into the result
+            np.copyto(plan.x, x)
+            self._publish(plan.header)
+            if plan.ours is not None:
+                a, b, out = plan.ours
+                np.matmul(a, b, out=out)
+            self._wait_done()
+            if result is None:
+                result = plan.out.copy()
+            else:
+                np.copyto(result, plan.out)
         self.last_job = time.monotonic()
-        result[plan.helpers_out] = plan.out[plan.helpers_out]
+        return result
 
     def holds(self, array: np.ndarray) -> bool:
         """Does `array` lie in the KV cache this team shares?"""
