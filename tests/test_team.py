@@ -48,7 +48,7 @@ def test_a_team_gives_one_cores_numbers(two_cores):
         for rows in (1, 2, 5, 16, 70):
             x = rng.standard_normal((rows, w.shape[0])).astype(np.float32)
             alone[id(w), rows] = (x, w.by_panels(x, cores=1), x @ w.dense())
-    assert cpu.start_team(ws, 1) == "1 helper process(es) beside this one"
+    assert cpu.start_team(ws, 1).startswith("1 helper process(es) beside this one")
     assert all(w.shared for w in ws) and cpu.helpers_now() == 1
     for w in ws:
         w.gemm_rows = 16
@@ -170,7 +170,7 @@ def test_a_model_on_a_team_decodes_the_same_tokens(tiny, two_cores, monkeypatch)
 
     alone = tokens()
     threads, how = llm.use_cores(2)
-    assert how == "1 helper process(es) beside this one"
+    assert how.startswith("1 helper process(es) beside this one")
     assert all(w.shared for w in llm.model.projection_weights())
     assert isinstance(llm.engine.runner.attention.impl, cpu.SplitAttention)
     assert cpu._team.holds(llm.engine.kv.k[0])
@@ -201,10 +201,8 @@ def test_a_team_attends_a_decode_step_as_one_core_does(two_cores):
     kv, q, tables, lens = paged_cache()
     before = kv.data.copy()
     ws = weights((40, 100))
-    assert (
-        cpu.start_team(ws, 1, kv, "minipaged.attention.cpu")
-        == "1 helper process(es) beside this one"
-    )
+    how = cpu.start_team(ws, 1, kv, "minipaged.attention.cpu")
+    assert how.startswith("1 helper process(es) beside this one")
     assert not kv.data.flags.owndata
     np.testing.assert_array_equal(kv.data, before)
     for layer in range(3):
@@ -298,3 +296,91 @@ def test_with_helpers_one_row_is_split_as_panels_are():
         "panels",
         "gemm",
     ]
+
+
+def _mapped(address: int) -> bool:
+    """Does this process map `address` now (/proc/self/maps)?"""
+    for line in open("/proc/self/maps"):
+        start, end = (int(part, 16) for part in line.split()[0].split("-"))
+        if start <= address < end:
+            return True
+    return False
+
+
+def _pmd_mapped_kb() -> int:
+    """Shared memory this process maps in 2 MB pages, in kB
+    (/proc/self/smaps_rollup)."""
+    for line in open("/proc/self/smaps_rollup"):
+        if line.startswith("ShmemPmdMapped:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_the_shared_memory_is_shared_on_a_2mb_boundary_and_unmapped_after_use():
+    """map_shared's memory starts at a 2 MB boundary, a second mapping of the file (as a
+    helper's) sees what the first wrote, and the mapping goes when the last array on it
+    does."""
+    import gc
+
+    size = 8 << 20
+    fd = os.memfd_create("test-map-shared")
+    try:
+        os.ftruncate(fd, size)
+        memory, other = team.map_shared(fd, size), team.map_shared(fd, size)
+        ours, theirs = np.frombuffer(memory, np.uint8), np.frombuffer(other, np.uint8)
+        assert ours.ctypes.data % team.HUGE_PAGE == 0
+        assert ours.ctypes.data != theirs.ctypes.data
+        ours[12345] = 7
+        ours[-1] = 9
+        assert theirs[12345] == 7 and theirs[-1] == 9
+        address = ours.ctypes.data
+        view = ours[100:200]  # an array on the memory keeps it mapped
+        del memory, ours
+        gc.collect()
+        assert _mapped(address) and view[0] == 0
+        del view
+        gc.collect()
+        assert not _mapped(address)
+    finally:
+        os.close(fd)
+
+
+def test_huge_pages_keep_what_is_written_and_say_whether_they_took():
+    """huge_pages leaves the range zeros, readable and writable through every mapping;
+    where it says it took, the range is mapped in 2 MB pages."""
+    size = 8 << 20
+    fd = os.memfd_create("test-huge-pages")
+    try:
+        os.ftruncate(fd, size)
+        memory = team.map_shared(fd, size)
+        before = _pmd_mapped_kb()
+        took = team.huge_pages(memory, 4096, size)
+        pages = np.frombuffer(memory, np.uint8)
+        assert not pages.any()
+        pages[:] = np.arange(size) % 251
+        other = np.frombuffer(team.map_shared(fd, size), np.uint8)
+        np.testing.assert_array_equal(other, np.arange(size) % 251)
+        if took:
+            # 4096: 2 MB pages from the first boundary after it (6 MB of the 8)
+            assert _pmd_mapped_kb() - before >= 6 << 10
+    finally:
+        os.close(fd)
+
+
+def test_huge_pages_say_no_for_a_mapping_off_a_2mb_boundary():
+    """A mapping that does not start at a 2 MB boundary cannot be mapped in 2 MB pages:
+    huge_pages says so, and the memory stays as it was."""
+    import mmap
+
+    size = 6 << 20
+    fd = os.memfd_create("test-huge-pages-off")
+    try:
+        os.ftruncate(fd, size)
+        memory = mmap.mmap(fd, size)
+        at = np.frombuffer(memory, np.uint8, 1).ctypes.data
+        if at % team.HUGE_PAGE == 0:
+            pytest.skip("this mapping happened to start at a 2 MB boundary")
+        assert team.huge_pages(memory, 0, size) is False
+        assert not np.frombuffer(memory, np.uint8).any()
+    finally:
+        os.close(fd)

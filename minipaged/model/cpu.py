@@ -277,7 +277,8 @@ def start_team(weights: list, helpers: int, kv=None, attention: str = "") -> str
     panels' helper thread; with `kv` (an engine's KVCache), its attention too
     (SplitAttention), the helpers running module `attention`'s (its name). A team
     already running stops first. Says in a few words what runs: where helpers cannot run
-    here, or MINIPAGED_CPU_HELPERS=0, the threads stay, and the answer says why.
+    here, or MINIPAGED_CPU_HELPERS=0, the threads stay, and the answer says why; where
+    the shared weights could not go on 2 MB pages (team.huge_pages), it says that too.
     """
     stop_team()
     if helpers < 1:
@@ -292,7 +293,8 @@ def start_team(weights: list, helpers: int, kv=None, attention: str = "") -> str
         return f"no helper processes ({error}): BLAS threads"
     _set_blas_threads(_cores.now)
     _stop_team_at_exit()
-    return f"{helpers} helper process(es) beside this one"
+    pages = "" if _team.huge_pages else " (weights on 4 KB pages, not 2 MB: slower)"
+    return f"{helpers} helper process(es) beside this one{pages}"
 
 
 def stop_team() -> None:

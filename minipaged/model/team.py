@@ -37,7 +37,9 @@ to wake, no interpreter lock to hand over). Linux on x86-64; model/cpu.py starts
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import importlib
 import json
 import mmap
@@ -46,6 +48,7 @@ import platform
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -151,10 +154,13 @@ class Team:
         self.procs, self.wakes = [], []
         try:
             os.ftruncate(self.fd, size)
+            self.memory = map_shared(self.fd, size)
+            # the weights on 2 MB pages where the kernel can (see huge_pages)
+            weights_at = offsets[0] if offsets else kv_at
+            self.huge_pages = huge_pages(self.memory, weights_at, kv_at)
             # the weights' pages now (no room fails here, not in a page fault); the KV
             # cache's come as its frames are written
             os.posix_fallocate(self.fd, 0, kv_at)
-            self.memory = mmap.mmap(self.fd, size)
         except OSError as error:
             os.close(self.fd)
             raise HelperError(
@@ -488,6 +494,80 @@ def copy_written(source: np.ndarray, target: np.ndarray, rows: int = 256) -> Non
                 flat_target[outer, lo : lo + rows] = chunk
 
 
+# Why the shared memory is mapped by hand, at a 2 MB boundary
+# (bench/results/2026-12-06-cpu-2core-batch1/): a decode step reads every weight once,
+# 538 MB in pages of 4 KB, and each page costs the processor a walk of the page tables
+# (two in a virtual machine). On 2 MB pages one core's matrix-vector product read 15.0
+# GB/s where it read 11.3 on 4 KB pages. NumPy asks for 2 MB pages for its own large
+# arrays (madvise), which is why BLAS's threads read faster than the helpers did; the
+# shared memory (a memfd) gets them only where the kernel is told to: MADV_COLLAPSE
+# (Linux 6.1 and later, whatever the system's settings) turns a range of written pages
+# into 2 MB pages, and every process then maps them whole if its mapping starts at a 2
+# MB boundary, which Python's mmap does not promise. Elsewhere the pages stay 4 KB:
+# slower, the same numbers.
+
+HUGE_PAGE = 2 << 20
+# Linux's values, which Python's mmap module does not name
+MADV_HUGEPAGE, MADV_COLLAPSE, PROT_NONE, MAP_FIXED = 14, 25, 0, 0x10
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_shared(fd: int, size: int):
+    """The first `size` bytes of file `fd`, mapped shared and writable at a 2 MB
+    boundary (libc's mmap, through ctypes): a buffer NumPy arrays can lie on, unmapped
+    when the last of them is gone. Python's mmap.mmap where that fails."""
+    try:
+        libc = _libc()
+        # reserve size + 2 MB, put the file at the first 2 MB boundary inside, and
+        # give back the rest
+        reserved = libc.mmap(None, size + HUGE_PAGE, PROT_NONE,
+                             mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)  # fmt: skip
+        if reserved in (None, MAP_FAILED):
+            raise OSError(ctypes.get_errno(), "no room to reserve")
+        at = -(-reserved // HUGE_PAGE) * HUGE_PAGE
+        mapped = libc.mmap(at, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                           mmap.MAP_SHARED | MAP_FIXED, fd, 0)  # fmt: skip
+        if mapped != at:
+            libc.munmap(reserved, size + HUGE_PAGE)
+            raise OSError(ctypes.get_errno(), "could not map the file")
+        if at > reserved:
+            libc.munmap(reserved, at - reserved)
+        libc.munmap(at + size, reserved + HUGE_PAGE - at)
+    except (OSError, AttributeError):
+        return mmap.mmap(fd, size)
+    memory = (ctypes.c_char * size).from_address(at)
+    weakref.finalize(memory, libc.munmap, at, size)
+    return memory
+
+
+def huge_pages(memory, start: int, end: int) -> bool:
+    """Put bytes start:end of `memory` (map_shared's, still unwritten) on 2 MB pages:
+    one byte written in each 2 MB, then MADV_COLLAPSE (0.1 s for SmolLM2's 538 MB). True
+    where every 2 MB of the range took; False on a kernel without it, or a mapping
+    that does not start at a 2 MB boundary (then 4 KB pages, as before)."""
+    at = np.frombuffer(memory, np.uint8, 1).ctypes.data
+    first = -(-(at + start) // HUGE_PAGE) * HUGE_PAGE
+    last = (at + end) // HUGE_PAGE * HUGE_PAGE
+    if at % HUGE_PAGE or last <= first:
+        return False
+    libc = _libc()
+    pages = np.frombuffer(memory, np.uint8)[first - at : last - at]
+    libc.madvise(first, last - first, MADV_HUGEPAGE)  # new pages huge, where allowed
+    pages[::HUGE_PAGE] = 0
+    return libc.madvise(first, last - first, MADV_COLLAPSE) == 0
+
+
+@functools.cache
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]  # fmt: skip
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 def _aligned(nbytes: int, to: int = 4096) -> int:
     return -(-nbytes // to) * to
 
@@ -495,7 +575,7 @@ def _aligned(nbytes: int, to: int = 4096) -> int:
 def helper(layout: dict) -> None:
     """A helper process's life: map the shared memory, say ready, then do each job's
     range until a STOP job, or until the pipe closes (our process is gone)."""
-    memory = mmap.mmap(layout["fd"], layout["size"])
+    memory = map_shared(layout["fd"], layout["size"])
     k, helpers, wake = layout["k"], layout["helpers"], layout["wake"]
     control = np.ndarray((layout["control"] // 8,), np.int64, memory)
     x = np.ndarray((layout["x_bytes"] // 4,), np.float32, memory, layout["control"])
