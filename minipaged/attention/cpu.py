@@ -37,7 +37,7 @@ __all__ = ["copy_blocks", "decode", "prefill", "write_kv"]
 # leaves the cache), and sequences padded into one batched product (faster only where
 # their contexts are equal).
 #
-# Every call counts in a decode step (bench/results/2026-12-06-cpu-2core-batch1/):
+# Every call counts in a decode step (bench/results/2026-12-05-cpu-2core-batch1/):
 # between two layers the weights stream through the caches, and each NumPy call then
 # costs 3-8 us. So the plan is plain Python, and the query heads are no longer spread
 # over every KV head's rows, zeros elsewhere, for one (positions, kvh * head_dim)

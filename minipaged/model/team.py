@@ -495,16 +495,16 @@ def copy_written(source: np.ndarray, target: np.ndarray, rows: int = 256) -> Non
 
 
 # Why the shared memory is mapped by hand, at a 2 MB boundary
-# (bench/results/2026-12-06-cpu-2core-batch1/): a decode step reads every weight once,
+# (bench/results/2026-12-05-cpu-2core-batch1/): a decode step reads every weight once,
 # 538 MB in pages of 4 KB, and each page costs the processor a walk of the page tables
 # (two in a virtual machine). On 2 MB pages one core's matrix-vector product read 15.0
-# GB/s where it read 11.3 on 4 KB pages. NumPy asks for 2 MB pages for its own large
-# arrays (madvise), which is why BLAS's threads read faster than the helpers did; the
-# shared memory (a memfd) gets them only where the kernel is told to: MADV_COLLAPSE
-# (Linux 6.1 and later, whatever the system's settings) turns a range of written pages
-# into 2 MB pages, and every process then maps them whole if its mapping starts at a 2
-# MB boundary, which Python's mmap does not promise. Elsewhere the pages stay 4 KB:
-# slower, the same numbers.
+# GB/s where it read 13.3 on 4 KB pages, and a decode step of one stream took 25.4 ms
+# where it took 26.6. NumPy asks for 2 MB pages for its own large arrays (madvise), so
+# BLAS's threads had them and the helpers did not. The shared memory (a memfd) gets
+# them only where the kernel is told to: MADV_COLLAPSE (Linux 6.1 and later, whatever
+# the system's settings) turns a range of written pages into 2 MB pages, and every
+# process then maps them whole if its mapping starts at a 2 MB boundary, which Python's
+# mmap does not promise. Elsewhere the pages stay 4 KB: slower, the same numbers.
 
 HUGE_PAGE = 2 << 20
 # Linux's values, which Python's mmap module does not name
