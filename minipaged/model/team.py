@@ -536,7 +536,8 @@ def map_shared(fd: int, size: int):
     except (OSError, AttributeError):
         return mmap.mmap(fd, size)
     memory = (ctypes.c_char * size).from_address(at)
-    weakref.finalize(memory, libc.munmap, at, size)
+    # not at exit: a thread still running then may read it; the exit unmaps it anyway
+    weakref.finalize(memory, libc.munmap, at, size).atexit = False
     return memory
 
 
