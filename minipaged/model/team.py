@@ -622,11 +622,11 @@ def helper(layout: dict) -> None:
             width, depth = out_rows.shape
             shared_x = x[: rows * depth].reshape(rows, depth)
             shared_out = out[: rows * width].reshape(rows, width)
-            plans[key] = None
-            if lo < hi:
-                plans[key] = operands(
-                    kind, shared_x, out_rows, panel, shared_out, lo, hi
-                )
+            plans[key] = (
+                operands(kind, shared_x, out_rows, panel, shared_out, lo, hi)
+                if lo < hi
+                else None  # an empty range: only say done
+            )
         if plans[key] is not None:
             a, b, into = plans[key]
             np.matmul(a, b, out=into)

@@ -324,7 +324,7 @@ class KVCache:
         precision, else k_scales and v_scales, each (num_blocks, block_size, kv_heads)
         float16, and the codec that
         codes them (None: the built-in one of the cache's dtype, int8 or fp8)."""
-        if self.dtype.itemsize != 1:  # not coded (is_coded; asked at every layer)
+        if not is_coded(self.dtype):
             return {}
         return {
             "k_scales": self.scales[0, layer],
