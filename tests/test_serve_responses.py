@@ -161,6 +161,17 @@ def test_a_function_call_round_trip(smol):
     )
     assert required.status == "completed"
     assert {item.type for item in required.output} == {"function_call"}
+    one = client.responses.create(
+        model="smol",
+        input="weather?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=120,
+        extra_body={"seed": 3},
+    )
+    assert [item.type for item in one.output] == ["function_call"]
+    assert one.parallel_tool_calls is False
     # streamed: the arguments arrive as function_call_arguments events
     with client.responses.create(
         model="smol",

@@ -251,6 +251,27 @@ def test_required_tools_give_calls_and_none_gives_text(url):
     )
 
 
+def test_parallel_tool_calls_false_holds_required_to_one_call(url):
+    """Sampled, "required" may list the same call again and again until max_tokens
+    cuts the list (no tool_calls then); parallel_tool_calls false ends it at one."""
+    # with calls: 3 of 24 sampled answers listed calls until 60 tokens cut them
+    answer = client(url).chat.completions.create(
+        model="smol",
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,  # more than one call of this schema can take
+        n=8,
+        seed=1,
+    )
+    for choice in answer.choices:
+        assert len(choice.message.tool_calls) == 1
+        assert choice.finish_reason == "stop"
+        arguments = json.loads(choice.message.tool_calls[0].function.arguments)
+        assert fits(arguments, WEATHER["function"]["parameters"])
+
+
 @pytest.mark.parametrize(
     "extra, param, words",
     [

@@ -456,12 +456,15 @@ class Conversation(Strict):
             '"required", or {"type": "function", "function": {"name": ...}}'
         ),
     )
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(
+        None,
+        description='OpenAI\'s: false holds tool_choice "required" to one call',
+    )
 
     @property
     def tool_plan(self) -> tools.ToolPlan:
         """What tools and tool_choice ask (BadStructure: a 400 naming the field)."""
-        return tools.ToolPlan(self.tools, self.tool_choice)
+        return tools.ToolPlan(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def conversation(self) -> list[dict]:
         return [m.for_template() for m in self.messages]

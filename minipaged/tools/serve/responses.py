@@ -275,6 +275,8 @@ def chat_request(raw: dict, history: list[dict], stream: bool) -> dict:
         chat["tools"] = chat_tools(raw["tools"])
     if raw.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(raw["tool_choice"])
+    if raw.get("parallel_tool_calls") is not None:
+        chat["parallel_tool_calls"] = raw["parallel_tool_calls"]
     if wants_logprobs(raw):
         chat["logprobs"] = True
         chat["top_logprobs"] = raw.get("top_logprobs") or 0

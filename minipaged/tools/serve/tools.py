@@ -113,10 +113,11 @@ class ToolPlan:
     """What a chat's tools and tool_choice ask: "none" (text; the tools are not even
     shown), "auto" (the model may answer text or a call: read from its text afterwards),
     "required" (a list of calls, held to their schemas), or a named function (its
-    arguments, held).
+    arguments, held). parallel_tool_calls false holds "required" to one call.
     """
 
-    def __init__(self, tools: list | None, tool_choice):
+    def __init__(self, tools: list | None, tool_choice, parallel_tool_calls=None):
+        self.parallel = parallel_tool_calls is not False
         self.tools = {t["function"]["name"]: t["function"] for t in tools_list(tools)}
         choice = (
             tool_choice
@@ -185,6 +186,8 @@ class ToolPlan:
                     }
                 )
             held = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            if not self.parallel:
+                held["maxItems"] = 1
             if defs:
                 held["$defs"] = defs
             return StructuredOutputsParams(json=held)
