@@ -319,7 +319,7 @@ def test_step_report_prints_what_happened(folder):
     llm.engine.add_request(
         "a",
         {"prompt_token_ids": list(range(3, 13))},
-        SamplingParams(max_tokens=3, n=2, seed=0),
+        SamplingParams(max_tokens=3, n=2, seed=0, ignore_eos=True),
     )
     first = llm.engine.step()
     assert first.ran == [("a", 0, "prefill", 10)] and first.frames_taken == 3
@@ -358,7 +358,7 @@ def test_beams_share_frames_and_dropped_beams_free_theirs(folder):
 def test_a_one_token_prompt_is_reported_as_a_prefill(folder):
     llm = make_llm(folder)
     llm.engine.add_request(
-        "one", {"prompt_token_ids": [7]}, SamplingParams(max_tokens=2)
+        "one", {"prompt_token_ids": [7]}, SamplingParams(max_tokens=2, ignore_eos=True)
     )
     assert llm.engine.step().ran == [("one", 0, "prefill", 1)]
     assert llm.engine.step().ran == [("one", 0, "decode", 1)]
