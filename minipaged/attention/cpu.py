@@ -98,7 +98,8 @@ def decode(
     # (sequences with a context, num_heads): each head's sum of its weights
     sums = np.add.reduceat(weights, starts, axis=1).T
 
-    # 3. (kvh, group, head_dim): each KV head's query heads' weighted values
+    # 3. (kvh, group, head_dim): each KV head's query heads' weighted values (`logits`
+    # holds the weights now: step 2 worked on it in place, through `weights`)
     out = np.empty((len(spans), num_kv_heads, group, head_dim), np.float32)
     for row, (i, start, n) in enumerate(spans):
         values = context_rows(v_cache, tables[i], n, v_scales, codec)
